@@ -1,0 +1,33 @@
+"""Pure torch RL math for RLHF. Nothing outside torch is imported here.
+
+Tensors are (B, R) over response tokens unless noted; `mask` is 1.0 on real response tokens (EOS included)
+and 0.0 on the padding after them.
+"""
+
+from quartet.algo.advantages import gae, reinforce_advantages
+from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
+from quartet.algo.logprobs import entropy_from_logits, gather_logprobs
+from quartet.algo.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
+from quartet.algo.stats import check_mask, last_token_index, masked_mean, masked_sum, masked_var, masked_whiten
+
+__all__ = [
+    "KL_KINDS",
+    "AdaptiveKL",
+    "FixedKL",
+    "aggregate",
+    "check_mask",
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae",
+    "gather_logprobs",
+    "kl_estimate",
+    "last_token_index",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "reinforce_advantages",
+    "token_rewards",
+]

@@ -1,0 +1,59 @@
+"""Masked statistics over response tokens.
+
+Shapes follow the tensor legend: x and mask are (B, R); mask is 1.0 on real tokens and 0.0 on padding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_mask(mask: torch.Tensor) -> None:
+    """Reject rows with no real token: every statistic over them is undefined."""
+    if mask.dim() != 2:
+        raise ValueError(f"response mask must be (B, R), got shape {tuple(mask.shape)}")
+    empty = (mask.sum(dim=1) <= 0).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"response mask row {empty[0].item()} has no real tokens (all padding)")
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    return (x * mask).sum() if dim is None else (x * mask).sum(dim=dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of x over positions where mask is 1: sum(x * mask) / sum(mask) (over `dim` or everything)."""
+    count = mask.sum() if dim is None else mask.sum(dim=dim)
+    if dim is None and count.item() <= 0:
+        raise ValueError("masked_mean: the mask selects no element")
+    return masked_sum(x, mask, dim) / count.clamp(min=1e-8)
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over masked positions; Bessel-corrected n/(n-1) when `unbiased` and n > 1."""
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = mask.sum()
+        if n > 1:
+            var = var * n / (n - 1)
+    return var
+
+
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / std over masked positions; padding positions are returned unchanged.
+
+    With shift_mean=False the mean is added back (only the scale is normalised), as TRL does for rewards.
+    """
+    mean, var = masked_mean(x, mask), masked_var(x, mask)
+    whitened = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(mask.bool(), whitened, x)
+
+
+def last_token_index(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) index of the last real token of each row of a right-padded (B, R) mask."""
+    check_mask(mask)
+    R = mask.shape[1]
+    return R - 1 - mask.flip(dims=[1]).to(torch.int64).argmax(dim=1)
