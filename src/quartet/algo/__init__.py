@@ -8,7 +8,14 @@ from quartet.algo.advantages import gae, reinforce_advantages
 from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
 from quartet.algo.logprobs import entropy_from_logits, gather_logprobs
 from quartet.algo.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
-from quartet.algo.stats import check_mask, last_token_index, masked_mean, masked_sum, masked_var, masked_whiten
+from quartet.algo.stats import (
+    check_mask,
+    last_token_index,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 
 __all__ = [
     "KL_KINDS",
