@@ -1,0 +1,105 @@
+"""`quartet` command line: one subcommand per pipeline stage plus the tools that watch them.
+
+Every stage takes `-c CONFIG.yaml` and any number of `key.sub=value` overrides. User errors are printed
+as one line (`error: ...`) with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from quartet.errors import QuartetError
+
+STAGES = {
+    # name: (module:function, help)
+    "sft": ("quartet.trainers.sft:cli", "stage 1: supervised fine-tuning on demonstrations (the Reference)"),
+    "label": ("quartet.trainers.label:cli", "stage 2: AI feedback: sample K answers, a judge picks chosen/rejected"),
+    "rm": ("quartet.trainers.reward:cli", "stage 3: train a Bradley-Terry reward model on preference pairs"),
+    "ppo": ("quartet.trainers.ppo:cli", "stage 4: PPO with Actor, Critic, Reference and Reward"),
+    "run": ("quartet.pipeline:cli", "run a whole pipeline config: sft -> label -> rm -> ppo -> eval -> report"),
+    "eval": ("quartet.eval.evaluate:cli", "evaluate checkpoints: gold/RM score, KL, length, diversity, win rate"),
+    "report": ("quartet.monitor.report:cli", "write a self-contained HTML report for a run directory"),
+    "doctor": ("quartet.monitor.doctor:cli", "diagnose a run from its metrics: symptoms, causes, fixes"),
+    "tasks": ("quartet.tasks:cli", "list the built-in tasks"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="quartet",
+        description="RLHF the InstructGPT way, visible on a laptop CPU: SFT -> preferences -> reward model -> PPO.",
+    )
+    parser.add_argument("--version", action="version", version=f"quartet {_version()}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in STAGES.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name in ("sft", "label", "rm", "ppo"):
+            p.add_argument("-c", "--config", help="YAML config file")
+            p.add_argument("overrides", nargs="*", metavar="key=value", help="override any config field")
+            if name == "ppo":
+                p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+        elif name == "run":
+            p.add_argument("config", help="pipeline YAML (see configs/demo.yaml)")
+            p.add_argument("overrides", nargs="*", metavar="key=value", help="override any pipeline field")
+            p.add_argument("--force", action="store_true", help="re-run stages whose output already exists")
+        elif name == "eval":
+            p.add_argument("checkpoints", nargs="+", help="model names or directories to evaluate")
+            p.add_argument("--baseline", help="checkpoint the others are compared with (default: the first)")
+            p.add_argument("--prompts", default="task:positive-review/eval", help="prompt set")
+            p.add_argument("--task", help="task whose gold judge scores responses (default: from --prompts)")
+            p.add_argument("--reward-model", help="reward model dir for the RM score")
+            p.add_argument("--reference", help="reference model for KL (default: the baseline)")
+            p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")
+            p.add_argument("--max-new-tokens", type=int, default=48)
+            p.add_argument("--temperature", type=float, default=0.7)
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--out", required=True, help="output directory (eval/eval.json, samples)")
+        elif name in ("report", "doctor"):
+            p.add_argument("run_dir", help="a run directory (or a pipeline directory of runs)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr
+    )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not args.command:
+        parser.print_help()
+        return 0
+    target, _ = STAGES[args.command]
+    module_name, func_name = target.split(":")
+    try:
+        module = importlib.import_module(module_name)
+        func = getattr(module, func_name)
+    except (ImportError, AttributeError) as e:
+        if not (e.name or "").startswith("quartet") and not isinstance(e, AttributeError):
+            raise
+        print(f"error: `quartet {args.command}` is not yet available in this version", file=sys.stderr)
+        return 3
+    try:
+        return int(func(args) or 0)
+    except QuartetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _version() -> str:
+    from quartet import __version__
+
+    return __version__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""The Rollout record: what one PPO iteration sampled and everything computed from it.
+
+Tensor legend used throughout Quartet:
+    B = batch (sequences), P = prompt length (left-padded), R = response length (right-padded),
+    T = P + R, V = vocabulary, H = hidden size.
+response_mask is 1.0 on real response tokens, the EOS token included, and 0.0 on the padding after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    response_ids: torch.Tensor  # (B, R) right-padded with pad
+    response_mask: torch.Tensor  # (B, R) float
+    eos: torch.Tensor  # (B,) bool: the response ended with EOS (not cut at max_new_tokens)
+    prompts: list[str] = field(default_factory=list)  # the user's prompt text (what judges read)
+    responses: list[str] = field(default_factory=list)  # decoded responses, special tokens stripped
+    old_logprobs: torch.Tensor | None = None  # (B, R) actor at sampling time
+    ref_logprobs: torch.Tensor | None = None  # (B, R) reference
+    values: torch.Tensor | None = None  # (B, R) critic at sampling time
+    scores: torch.Tensor | None = None  # (B,) reward model / judge, after normalisation and penalties
+    rewards: torch.Tensor | None = None  # (B, R) per-token reward
+    kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
+    advantages: torch.Tensor | None = None  # (B, R)
+    returns: torch.Tensor | None = None  # (B, R)
+
+    def __len__(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(B, T) prompt and response side by side."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, T) 1 on real prompt and response tokens."""
+        return torch.cat([self.prompt_mask, self.response_mask.to(self.prompt_mask.dtype)], dim=1)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """(B,) number of real response tokens."""
+        return self.response_mask.sum(dim=1)
+
+    def select(self, index: torch.Tensor | list[int]) -> Rollout:
+        """A minibatch: the rows in `index` of every tensor and list."""
+        index = torch.as_tensor(index, dtype=torch.long)
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value[index]
+            elif isinstance(value, list):
+                out[f.name] = [value[i] for i in index.tolist()]
+            else:
+                out[f.name] = value
+        return Rollout(**out)
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mask of real tokens up to and including the first EOS, and whether each row has one.
+
+    response_ids: (B, R) -> (mask (B, R) float, eos (B,) bool).
+    """
+    is_eos = response_ids == eos_id
+    # tokens strictly after the first EOS are padding
+    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
+    return (~after_eos).float(), is_eos.any(dim=1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding, as `generate` uses them; training forwards must match."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
