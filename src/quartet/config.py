@@ -242,6 +242,9 @@ class PPOConfig:
     """frozen Reference model; default: the starting policy (adapter-disabled when LoRA is on)"""
     reward: str = "task:positive-review"
     """reward-model dir, `module:function` callable, or `task:<name>` gold judge"""
+    gold: str | None = None
+    """a second judge logged as objective/gold next to the proxy reward (e.g. the task's gold judge when a
+    reward model is trained on it), so the doctor can catch over-optimisation; never optimised"""
     critic: Literal["shared", "separate"] = "separate"
     """value head on the Actor's backbone ("shared"), or a separate model ("separate")"""
     critic_init: str | None = None
@@ -308,6 +311,8 @@ class PPOConfig:
     """auto = bf16 autocast where the hardware has it"""
     save_every: int = 0
     """checkpoint every N iterations (0 = only at the end)"""
+    keep_checkpoints: int = 2
+    """how many of the newest checkpoints to keep on disk"""
     stop_on: list = field(default_factory=list)
     """doctor rule names that end the run cleanly when they fire"""
     best_metric: str = "objective/score"
@@ -338,6 +343,8 @@ class PPOConfig:
         if self.value_clip is not None:
             _positive(self.value_clip, f"{where}.value_clip")
         _non_negative(self.save_every, f"{where}.save_every")
+        _positive(self.keep_checkpoints, f"{where}.keep_checkpoints")
+        _non_negative(self.entropy_coef, f"{where}.entropy_coef")
 
     @property
     def grad_accum(self) -> int:
