@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -395,6 +396,9 @@ def from_dict(cls: type, data: Any, where: str = ""):
     return obj
 
 
+_YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(tp, value, where: str):
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -433,6 +437,8 @@ def _coerce(tp, value, where: str):
             raise ConfigError(f"{where}: must be an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _YAML11_FLOAT.fullmatch(value.strip()):
+            value = float(value)  # PyYAML reads `3e-4` (no dot) as a string: YAML 1.1 wants `3.0e-4`
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: must be a number, got {value!r}")
         return float(value)
