@@ -224,13 +224,17 @@ class RewardConfig:
     """auto = bf16 autocast where the hardware has it"""
     log_every: int = 10
     """optimizer steps between metric lines"""
+    eval_every: int = 50
+    """optimizer steps between held-out accuracy passes (and one at the start and the end)"""
     seed: int = 0
     """everything random is seeded from this"""
 
     def validate(self, where: str = "rm") -> None:
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
         _positive(self.epochs, f"{where}.epochs")
-        for name in ("batch_size", "grad_accum", "max_seq_len", "normalize_samples", "log_every"):
+        if self.max_steps is not None:
+            _positive(self.max_steps, f"{where}.max_steps")
+        for name in ("batch_size", "grad_accum", "max_seq_len", "normalize_samples", "log_every", "eval_every"):
             _positive(getattr(self, name), f"{where}.{name}")
         _non_negative(self.center_coef, f"{where}.center_coef")
 
