@@ -1,0 +1,19 @@
+"""Watching runs: metric sinks and progress (metrics), health checks (doctor), HTML report (report)."""
+
+from quartet.monitor.doctor import RULES, Finding, LiveDoctor, diagnose, diagnose_run
+from quartet.monitor.metrics import MetricsLogger, Progress, peak_rss_mb, read_metrics, stage_dirs
+from quartet.monitor.report import write_report
+
+__all__ = [
+    "RULES",
+    "Finding",
+    "LiveDoctor",
+    "MetricsLogger",
+    "Progress",
+    "diagnose",
+    "diagnose_run",
+    "peak_rss_mb",
+    "read_metrics",
+    "stage_dirs",
+    "write_report",
+]

@@ -1,0 +1,312 @@
+"""Metric sinks: metrics.jsonl (always), TensorBoard (default), wandb / mlflow (optional extras).
+
+A run directory holds one JSON object per logged step in ``metrics.jsonl``:
+``{"stage": "ppo", "step": 12, "time": 1732300000.0, "objective/score": 0.41, ...}`` (docs/CONTRACTS.md).
+Lines are flushed as they are written, so a crashed run keeps everything up to its last step, and a resumed
+run appends to the same file. Non-finite values are kept (written as ``NaN`` / ``Infinity``, which Python's
+json reads back) because the doctor needs to see them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from quartet.errors import ConfigError, DataError
+
+RESERVED = ("stage", "step", "time")
+PIPELINE_ORDER = ("sft", "label", "rm", "ppo", "eval")
+
+
+def _to_number(value):
+    """Python number from a float / int / bool / 0-d tensor / numpy scalar; anything else is returned as is."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    item = getattr(value, "item", None)
+    if item is not None and getattr(value, "ndim", 0) == 0:
+        return item()
+    return value
+
+
+class MetricsLogger:
+    """Write each step's metrics to every enabled sink.
+
+    wandb / mlflow: ``None`` or ``False`` = off; ``True`` = on with defaults; a dict = on, passed to
+    ``wandb.init(**kwargs)`` / used as ``{"experiment": name, "tracking_uri": uri}`` for mlflow.
+    They are imported only when enabled.
+    """
+
+    def __init__(self, run_dir, stage: str, tensorboard: bool = True, wandb=None, mlflow=None):
+        self.run_dir = Path(run_dir)
+        self.stage = str(stage)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        needs_newline = _ends_mid_line(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        if needs_newline:  # a crash mid-write left a partial last line: start ours on a fresh one
+            self._file.write("\n")
+        self._tb = self._wandb = self._mlflow = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tb"), flush_secs=10)
+        if wandb:
+            wb = _import_extra("wandb")
+            kwargs = dict(wandb) if isinstance(wandb, dict) else {}
+            kwargs.setdefault("dir", str(self.run_dir))
+            kwargs.setdefault("name", f"{self.run_dir.name}-{self.stage}")
+            self._wandb = wb.init(**kwargs)
+        if mlflow:
+            mf = _import_extra("mlflow")
+            opts = dict(mlflow) if isinstance(mlflow, dict) else {}
+            if opts.get("tracking_uri"):
+                mf.set_tracking_uri(opts["tracking_uri"])
+            if opts.get("experiment"):
+                mf.set_experiment(opts["experiment"])
+            if mf.active_run() is None:
+                mf.start_run(run_name=f"{self.run_dir.name}-{self.stage}")
+            self._mlflow = mf
+
+    def log(self, step: int, metrics: dict) -> dict:
+        """Append one record for ``step``; returns the record as written."""
+        if self._file is None:
+            raise RuntimeError("MetricsLogger.log() after close()")
+        clash = [k for k in metrics if k in RESERVED]
+        if clash:
+            raise ValueError(f"metric names {clash} are reserved for the record header")
+        values = {str(k): _to_number(v) for k, v in metrics.items()}
+        record = {"stage": self.stage, "step": int(step), "time": time.time(), **values}
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+        numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
+        if self._tb is not None:
+            for key, value in numbers.items():
+                self._tb.add_scalar(key, value, int(step))
+        if self._wandb is not None:
+            self._wandb.log(numbers, step=int(step))
+        if self._mlflow is not None:
+            finite = {k.replace("/", "."): v for k, v in numbers.items() if math.isfinite(v)}
+            self._mlflow.log_metrics(finite, step=int(step))
+        return record
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+        if self._mlflow is not None:
+            self._mlflow.end_run()
+            self._mlflow = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _ends_mid_line(path: Path) -> bool:
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def _import_extra(name: str):
+    try:
+        return __import__(name)
+    except ImportError:
+        raise ConfigError(
+            f"{name} logging is enabled but {name} is not installed: pip install 'quartet[{name}]'"
+        ) from None
+
+
+def read_metrics(run_dir, stage: str | None = None) -> list[dict]:
+    """Records of ``run_dir/metrics.jsonl`` in file order, optionally only one stage's.
+
+    A last line cut short by a crash is skipped; a broken line elsewhere is a DataError naming it.
+    When a resumed run logs a step lower than one already logged for its stage, the earlier records
+    from that step on are dropped: they belong to iterations the resume discarded.
+    A missing file gives an empty list.
+    """
+    path = Path(run_dir)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    records: list[dict] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            if i == last or (i + 1 < len(lines) and _is_cut_line(line, lines[i + 1])):
+                continue
+            raise DataError(f"{path} line {i + 1}: not a JSON object") from None
+        records.append(rec)
+    records = _drop_rewound(records)
+    if stage is not None:
+        records = [r for r in records if r.get("stage") == stage]
+    return records
+
+
+def _is_cut_line(line: str, following: str) -> bool:
+    # a line cut by a crash, after which a resumed run wrote a fresh line
+    cut = line.lstrip().startswith("{") and not line.rstrip().endswith("}")
+    return cut and following.lstrip().startswith("{")
+
+
+def _drop_rewound(records: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    top: dict = {}
+    for rec in records:
+        stage, step = rec.get("stage"), rec.get("step")
+        if isinstance(step, (int, float)):
+            if stage in top and step < top[stage]:
+                out = [r for r in out if not (r.get("stage") == stage and r.get("step", -1) >= step)]
+                top[stage] = step
+            else:
+                top[stage] = max(top.get(stage, step), step)
+        out.append(rec)
+    return out
+
+
+def stage_dirs(run_dir) -> list[tuple[str, Path]]:
+    """The run directories under ``run_dir``: itself when it holds metrics.jsonl, plus each direct
+    subdirectory that does (a pipeline directory: sft/, rm/, ppo/). Pipeline stages come first, in order."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise DataError(f"{run_dir}: run directory not found")
+    found = []
+    if (run_dir / "metrics.jsonl").is_file():
+        found.append((_stage_name(run_dir), run_dir))
+    subs = [d for d in sorted(run_dir.iterdir()) if d.is_dir() and (d / "metrics.jsonl").is_file()]
+    order = {name: i for i, name in enumerate(PIPELINE_ORDER)}
+    subs.sort(key=lambda d: (order.get(d.name, len(order)), d.name))
+    found.extend((d.name, d) for d in subs)
+    return found
+
+
+def _stage_name(run_dir: Path) -> str:
+    for rec in read_metrics(run_dir)[:1]:
+        if rec.get("stage"):
+            return str(rec["stage"])
+    return run_dir.name
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MiB (getrusage; psutil where `resource` is missing)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return float(getattr(info, "peak_wset", info.rss)) / 2**20
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
+
+
+# --------------------------------------------------------------------------- progress line
+DEFAULT_PROGRESS_KEYS = {
+    "objective/score": "score",
+    "objective/kl": "kl",
+    "rollout/length_mean": "len",
+    "policy/entropy": "entropy",
+}
+
+
+def _fmt(value) -> str:
+    if not isinstance(value, (int, float)):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+class Progress:
+    """A progress bar with the few numbers a person watches (score, kl, len, entropy by default).
+
+    On a terminal it is a tqdm bar. Anywhere else (CI logs, files) it prints one plain line every
+    ``every`` updates, and at the last one, so logs stay short. ``keys`` maps metric key -> short label.
+    """
+
+    def __init__(self, total: int | None = None, desc: str = "", keys=None, every: int = 10, file=None):
+        self.total = total
+        self.desc = desc
+        if keys is None:
+            keys = DEFAULT_PROGRESS_KEYS
+        # metric key -> short label; a plain list of keys is labelled by each key's last part
+        self.keys = dict(keys) if isinstance(keys, dict) else {k: k.rsplit("/", 1)[-1] for k in keys}
+        self.every = max(1, int(every))
+        self.file = file if file is not None else sys.stderr
+        self.count = 0
+        self.start = time.time()
+        self._last_line = -1
+        self._last: tuple = (None, {})
+        self._bar = None
+        if getattr(self.file, "isatty", lambda: False)():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=desc, file=self.file, dynamic_ncols=True)
+
+    def summary(self, metrics: dict) -> str:
+        parts = []
+        for key, label in self.keys.items():
+            if key in metrics:
+                parts.append(f"{label} {_fmt(_to_number(metrics[key]))}")
+        return " | ".join(parts)
+
+    def update(self, step: int | None = None, metrics: dict | None = None, n: int = 1) -> None:
+        self.count += n
+        self._last = (step, metrics or {})
+        text = self.summary(metrics or {})
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+            self._bar.update(n)
+        elif self.count % self.every == 0 or (self.total is not None and self.count >= self.total):
+            self._print_line()
+
+    def _print_line(self) -> None:
+        step, metrics = self._last
+        where = f"{self.count}/{self.total}" if self.total else f"{self.count}"
+        label = f"{self.desc} " if self.desc else ""
+        text = self.summary(metrics)
+        elapsed = time.time() - self.start
+        print(f"{label}{where} [{elapsed:.0f}s]" + (f" {text}" if text else ""), file=self.file, flush=True)
+        self._last_line = self.count
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        elif self.count > 0 and self._last_line != self.count:
+            self._print_line()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,227 @@
+"""The doctor: every rule fires on its failure mode, stays quiet on healthy runs, live == offline."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from ppo_streams import ALSO_ALLOWED, broken_run, healthy_run, write_run
+
+from quartet.errors import ConfigError, DataError
+from quartet.monitor.doctor import (
+    RULES,
+    Finding,
+    LiveDoctor,
+    check_rule_names,
+    diagnose,
+    diagnose_run,
+    format_findings,
+    read_findings,
+)
+
+EXPECTED_RULES = {
+    "nan", "grad_spike", "reward_flat_kl_zero", "kl_blowup", "negative_kl", "reward_hacking_length",
+    "reward_hacking_repetition", "overoptimization", "entropy_collapse", "clipfrac_zero", "clipfrac_high",
+    "value_loss_explosion", "value_loss_stuck", "explained_variance_negative", "truncation",
+}
+
+
+def test_every_documented_rule_exists():
+    assert set(RULES) == EXPECTED_RULES
+    assert all(r.severity in ("error", "warning") for r in RULES.values())
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_healthy_run_has_no_findings(seed):
+    assert diagnose(healthy_run(60, seed)) == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 15])
+def test_short_healthy_runs_have_no_findings(n):
+    for seed in range(3):
+        assert diagnose(healthy_run(n, seed)) == []
+
+
+@pytest.mark.parametrize("rule", sorted(EXPECTED_RULES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_each_rule_fires_on_its_failure(rule, seed):
+    findings = diagnose(broken_run(rule, seed=seed))
+    rules = [f.rule for f in findings]
+    assert rule in rules
+    assert set(rules) <= {rule} | ALSO_ALLOWED.get(rule, set())
+    f = findings[rules.index(rule)]
+    assert f.severity == RULES[rule].severity
+    assert f.stage == "ppo"
+    assert f.symptom and f.cause and f.fix
+    ev = f.evidence
+    assert set(ev) >= {"metric", "window", "values"} and ev["values"]
+    assert ev["window"][0] <= ev["window"][1] == f.step
+    json.dumps(f.to_dict(), allow_nan=False)  # strict JSON even when the evidence holds NaN
+
+
+def test_rules_report_once_at_the_step_they_start():
+    findings = diagnose(broken_run("nan"))
+    assert [(f.rule, f.step) for f in findings] == [("nan", 20)]
+    spike = diagnose(broken_run("grad_spike"))
+    assert [(f.rule, f.step) for f in spike] == [("grad_spike", 30)]
+    assert spike[0].evidence["values"][-1] == 40.0
+
+
+def test_nan_fires_on_first_point_and_inf_too():
+    assert [f.rule for f in diagnose([{"stage": "sft", "step": 1, "sft/loss": float("inf")}])] == ["nan"]
+    two = [{"step": 1, "objective/kl": -5.0, "policy/clipfrac": 0.9}, {"step": 2, "objective/kl": -5.0}]
+    assert diagnose(two) == []  # everything else waits for 3 points
+
+
+def test_no_finding_from_two_points_even_when_extreme():
+    for rule in EXPECTED_RULES - {"nan"}:
+        assert diagnose(broken_run(rule)[:2]) == [], rule
+
+
+def test_live_doctor_matches_offline_diagnosis():
+    records = broken_run("kl_blowup")
+    doctor = LiveDoctor()
+    live = []
+    for r in records:
+        new = doctor.update(r["step"], r)
+        assert all(f.step == r["step"] for f in new)
+        live.extend(new)
+    offline = diagnose(records)
+    assert [(f.rule, f.step, f.symptom) for f in live] == [(f.rule, f.step, f.symptom) for f in offline]
+    assert doctor.findings == live
+
+
+def test_live_doctor_stops_only_on_requested_rules():
+    doctor = LiveDoctor(stop_on=["kl_blowup"])
+    for r in broken_run("truncation"):
+        doctor.update(r["step"], r)
+    assert doctor.findings and not doctor.should_stop and doctor.stop_reason is None
+
+    doctor = LiveDoctor(stop_on=["kl_blowup"])
+    stopped_at = None
+    for r in broken_run("kl_blowup"):
+        doctor.update(r["step"], r)
+        if doctor.should_stop:
+            stopped_at = r["step"]
+            break
+    assert stopped_at == 32
+    assert doctor.stop_reason.startswith("doctor rule 'kl_blowup' fired at step 32")
+
+
+def test_live_doctor_rule_subset_still_runs_stop_rules():
+    doctor = LiveDoctor(rules=["truncation"], stop_on=["nan"])
+    doctor.update(1, {"policy/loss": float("nan")})
+    assert doctor.should_stop
+
+
+def test_metrics_logged_in_two_calls_for_one_step_merge():
+    doctor = LiveDoctor()
+    for step in range(1, 6):
+        doctor.update(step, {"policy/clipfrac": 0.1})
+        doctor.update(step, {"rollout/eos_rate": 0.1})
+    assert [f.rule for f in doctor.findings] == ["truncation"]
+    assert doctor.findings[0].step == 3
+
+
+def test_unknown_rule_is_one_line_config_error():
+    with pytest.raises(ConfigError) as e:
+        LiveDoctor(stop_on=["kl_blowpu"])
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("stop_on: unknown doctor rule 'kl_blowpu' (did you mean 'kl_blowup'?)")
+    assert check_rule_names("nan") == ["nan"]
+    with pytest.raises(ConfigError, match="ppo.stop_on: unknown doctor rule 'x'"):
+        check_rule_names(["x"], "ppo.stop_on")
+
+
+def test_kl_far_above_adaptive_target():
+    records = [{"step": i, "objective/kl": 4.0, "rollout/length_mean": 40} for i in range(1, 6)]
+    assert diagnose(records) == []
+    found = diagnose(records, kl_target=1.0)
+    assert [(f.rule, f.step) for f in found] == [("kl_blowup", 3)]
+    assert "target" in found[0].symptom
+    logged = [{**r, "objective/kl_target": 1.0} for r in records]
+    assert [f.rule for f in diagnose(logged)] == ["kl_blowup"]
+
+
+def test_kl_per_token_scales_with_response_length():
+    # 20 nats over 200-token responses is 0.1 nat/token: fine; over 20 tokens it is 1 nat/token
+    long = [{"step": i, "objective/kl": 20.0, "rollout/length_mean": 200} for i in range(1, 6)]
+    short = [{"step": i, "objective/kl": 20.0, "rollout/length_mean": 20} for i in range(1, 6)]
+    assert diagnose(long) == []
+    assert [f.rule for f in diagnose(short)] == ["kl_blowup"]
+
+
+def test_findings_per_stage():
+    records = healthy_run(20, stage="sft") + broken_run("truncation", 20)
+    found = diagnose(records)
+    assert [(f.stage, f.rule) for f in found] == [("ppo", "truncation")]
+
+
+# --------------------------------------------------------------------------- run dirs and the CLI
+def test_diagnose_run_writes_findings_jsonl(tmp_path):
+    run = write_run(tmp_path / "run", broken_run("entropy_collapse"))
+    found = diagnose_run(run)
+    assert [f.rule for f in found] == ["entropy_collapse"]
+    assert read_findings(run) == found
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+    write_run(run, healthy_run())
+    assert diagnose_run(run) == [] and (run / "findings.jsonl").read_text() == ""
+
+
+def test_diagnose_run_reads_kl_target_from_config(tmp_path):
+    run = write_run(tmp_path / "run", [{"stage": "ppo", "step": i, "objective/kl": 4.0} for i in range(1, 6)])
+    assert diagnose_run(run) == []
+    (run / "config.yaml").write_text("adaptive_kl: true\nkl_target: 1.0\n")
+    assert [f.rule for f in diagnose_run(run)] == ["kl_blowup"]
+
+
+def test_diagnose_pipeline_dir(tmp_path):
+    write_run(tmp_path / "sft", [{"stage": "sft", "step": i, "sft/loss": 2.0 / i} for i in range(1, 5)])
+    write_run(tmp_path / "ppo", broken_run("clipfrac_high"))
+    found = diagnose_run(tmp_path)
+    assert [(f.stage, f.rule) for f in found] == [("ppo", "clipfrac_high")]
+    assert read_findings(tmp_path / "ppo") == found
+    assert read_findings(tmp_path) == found
+    assert read_findings(tmp_path / "sft") == []
+
+
+def test_diagnose_run_errors(tmp_path):
+    with pytest.raises(DataError, match="run directory not found"):
+        diagnose_run(tmp_path / "missing")
+    with pytest.raises(DataError, match="no metrics.jsonl"):
+        diagnose_run(tmp_path)
+
+
+def test_format_findings_is_readable():
+    assert format_findings([], "runs/x") == "runs/x: no findings"
+    f = diagnose(broken_run("nan"))[0]
+    text = format_findings([f])
+    assert "ERROR" in text and "nan at step 20" in text and "policy/loss" in text
+    assert "fix" in text and Finding.from_dict(json.loads(json.dumps(f.to_dict()))).rule == "nan"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "quartet.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_doctor(tmp_path):
+    healthy = write_run(tmp_path / "ok", healthy_run())
+    out = _cli("doctor", str(healthy))
+    assert out.returncode == 0, out.stderr
+    assert "no findings" in out.stdout
+
+    broken = write_run(tmp_path / "bad", broken_run("reward_hacking_length"))
+    out = _cli("doctor", str(broken))
+    assert out.returncode == 0, out.stderr
+    assert "reward_hacking_length at step" in out.stdout and "symptom" in out.stdout
+    assert (broken / "findings.jsonl").is_file()
+
+    out = _cli("doctor", str(tmp_path / "nope"))
+    assert out.returncode == 2 and out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+
+
+def test_doctor_tolerates_missing_and_nonnumeric_values():
+    records = [{"step": i, "objective/kl": None, "note": "x", "flag": True} for i in range(1, 10)]
+    assert diagnose(records) == []
+    assert [f.rule for f in diagnose(records + [{"step": 10, "value/loss": float("nan")}])] == ["nan"]
