@@ -1,0 +1,60 @@
+"""Models: loading (HF dir, GGUF, tiny-from-config), LoRA and the Reference, reward model, Critic.
+
+load_causal_lm(name)        -> (model, tokenizer), pad != EOS, left padding, no dropout
+save_model(model, tok, dir) -> plain transformers dir (LoRA merged; adapter under adapter/)
+apply_lora / adapter_disabled
+make_reference(actor, name) -> Reference (shared with a LoRA actor, else a frozen copy)
+load_reward_model / save_reward_model -> RewardModel (sequence classifier + normalisation)
+make_critic / save_critic / load_critic -> Critic (backbone + ScalarHead, per-token values)
+"""
+
+from quartet.models.critic import Critic, ValueHeadCritic, load_critic, make_critic, save_critic
+from quartet.models.heads import ScalarHead, value_head_for
+from quartet.models.loading import (
+    ModelSource,
+    clear_model_cache,
+    count_parameters,
+    disable_dropout,
+    ensure_pad_token,
+    hidden_size,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model,
+    save_model,
+    strip_quantization,
+)
+from quartet.models.lora import adapter_disabled, apply_lora, is_peft_model, merged_copy
+from quartet.models.reference import Reference, make_reference
+from quartet.models.reward import RewardModel, load_reward_model, save_reward_model
+from quartet.models.tiny import build_tiny
+
+__all__ = [
+    "Critic",
+    "ModelSource",
+    "Reference",
+    "RewardModel",
+    "ScalarHead",
+    "ValueHeadCritic",
+    "adapter_disabled",
+    "apply_lora",
+    "build_tiny",
+    "clear_model_cache",
+    "count_parameters",
+    "disable_dropout",
+    "ensure_pad_token",
+    "hidden_size",
+    "is_peft_model",
+    "load_causal_lm",
+    "load_critic",
+    "load_reward_model",
+    "load_tokenizer",
+    "make_critic",
+    "make_reference",
+    "merged_copy",
+    "resolve_model",
+    "save_critic",
+    "save_model",
+    "save_reward_model",
+    "strip_quantization",
+    "value_head_for",
+]

