@@ -350,6 +350,9 @@ class PPOConfig:
         _non_negative(self.save_every, f"{where}.save_every")
         _positive(self.keep_checkpoints, f"{where}.keep_checkpoints")
         _non_negative(self.entropy_coef, f"{where}.entropy_coef")
+        from quartet.monitor.doctor import check_rule_names  # lazy: config stays importable on its own
+
+        check_rule_names(self.stop_on, f"{where}.stop_on")
 
     @property
     def grad_accum(self) -> int:
