@@ -134,6 +134,14 @@ def test_unknown_rule_is_one_line_config_error():
         check_rule_names(["x"], "ppo.stop_on")
 
 
+def test_ppo_config_rejects_unknown_stop_on_rule():
+    from quartet.config import PPOConfig, load_config
+
+    assert load_config(PPOConfig, None, ["stop_on=[nan, kl_blowup]"]).stop_on == ["nan", "kl_blowup"]
+    with pytest.raises(ConfigError, match=r"^ppo.stop_on: unknown doctor rule 'entropy' \(did you mean"):
+        load_config(PPOConfig, None, ["stop_on=[entropy]"])
+
+
 def test_kl_far_above_adaptive_target():
     records = [{"step": i, "objective/kl": 4.0, "rollout/length_mean": 40} for i in range(1, 6)]
     assert diagnose(records) == []

@@ -128,3 +128,11 @@ def test_progress_custom_keys_and_tty():
     quiet = io.StringIO()
     Progress(file=quiet).close()
     assert quiet.getvalue() == ""
+
+
+def test_progress_counts_updates_of_several_items():
+    out = io.StringIO()
+    with Progress(total=10, desc="label", every=4, file=out) as bar:
+        for n in (3, 3, 3, 1):  # crosses 4 and 8, then reaches the total
+            bar.update(None, {"label/pairs": 2}, n=n)
+    assert [line.split(" [")[0] for line in out.getvalue().splitlines()] == ["label 6/10", "label 9/10", "label 10/10"]

@@ -48,7 +48,7 @@ def test_single_ppo_run(ppo_report):
     assert sorted(pngs) == sorted(p.read_bytes() for p in files)
     assert all(p.startswith(PNG_MAGIC) and len(p) > 5000 for p in pngs)
     # samples side by side, early vs late, from samples.jsonl (its cut last line ignored)
-    assert "step 1</th>" in page and "step 20</th>" in page and "answer 2 at step 20" in page
+    assert "<th>early</th><th>late</th>" in page and "answer 2 at step 20" in page and "answer 2 at step 1<" in page
     assert "config.yaml" in page and "kl_coef: 0.05" in page
 
 
@@ -134,3 +134,18 @@ def test_cli_report_prints_the_path(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == str(run / "report.html")
+
+
+def test_training_samples_pair_each_prompt_with_its_latest_answer():
+    rows = [
+        {"step": 1, "prompt": "p1", "response": "old 1", "score": 0.1},
+        {"step": 1, "prompt": "p2", "response": "old 2"},
+        {"step": 5, "prompt": "p1", "response": "new 1", "score": 0.9, "gold": 0.8},
+        {"step": 9, "prompt": "p3", "response": "only once"},
+    ]
+    html = report._training_samples_html(rows, "ppo")
+    assert html.count("<tr>") == 2  # header + p1; p2 and p3 were answered once
+    assert html.index("old 1") < html.index("new 1") and "score 0.9 gold 0.8" in html
+    once = report._training_samples_html([r for r in rows if r["prompt"] != "p1"], "ppo")
+    assert "only once" in once and "old 2" not in once
+    assert report._training_samples_html([{"step": 1}], "ppo") == ""

@@ -286,7 +286,9 @@ class Progress:
         if self._bar is not None:
             self._bar.set_postfix_str(text, refresh=False)
             self._bar.update(n)
-        elif self.count % self.every == 0 or (self.total is not None and self.count >= self.total):
+        elif self.count // self.every > (self.count - n) // self.every or (
+            self.total is not None and self.count >= self.total
+        ):  # crossed a multiple of `every` (updates may advance by more than one), or reached the end
             self._print_line()
 
     def _print_line(self) -> None:

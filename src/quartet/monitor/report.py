@@ -292,30 +292,43 @@ def _eval_samples_html(samples, names: list[str]) -> str:
 
 
 def _training_samples_html(rows: list[dict], stage: str) -> str:
-    """Responses to the same prompts early and late in training, side by side."""
-    by_step: dict = {}
-    for r in rows:
-        if "prompt" in r and "response" in r:
-            by_step.setdefault(r.get("step"), []).append(r)
-    if not by_step:
+    """The same prompts answered early and late in training, side by side.
+
+    Prompts come back every epoch, so each prompt's first and latest answers are paired; the prompts whose
+    answers are furthest apart in training come first. Without repeated prompts, the last step's answers.
+    """
+    rows = [r for r in rows if "prompt" in r and "response" in r]
+    if not rows:
         return ""
-    steps = list(by_step)
-    first, last = steps[0], steps[-1]
 
     def resp(r):
-        score = r.get("score")
-        s = f"<br><small>score {_num(score)}</small>" if isinstance(score, (int, float)) else ""
-        return f"<td>{E(str(r.get('response', '')))}{s}</td>"
+        extra = " ".join(f"{k} {_num(r[k])}" for k in ("score", "gold") if isinstance(r.get(k), (int, float)))
+        small = f"<br><small>step {E(str(r.get('step')))} &middot; {extra}</small>"
+        return f"<td>{E(str(r.get('response', '')))}{small}</td>"
 
-    late = {str(r["prompt"]): r for r in by_step[last]}
-    pairs = [(r, late[str(r["prompt"])]) for r in by_step[first] if str(r["prompt"]) in late]
-    if first != last and pairs:
-        head = f"<tr><th>prompt</th><th>step {E(str(first))}</th><th>step {E(str(last))}</th></tr>"
+    first: dict[str, dict] = {}
+    latest: dict[str, dict] = {}
+    for r in rows:
+        key = str(r["prompt"])
+        first.setdefault(key, r)
+        latest[key] = r
+    pairs = [(first[k], latest[k]) for k in first if latest[k].get("step") != first[k].get("step")]
+    pairs.sort(key=lambda p: _step_gap(p[0], p[1]), reverse=True)
+    title = f"<h3>{E(stage)}: samples during training</h3>"
+    if pairs:
+        head = "<tr><th>prompt</th><th>early</th><th>late</th></tr>"
         body = "".join(f"<tr><td>{E(str(a['prompt']))}</td>{resp(a)}{resp(b)}</tr>" for a, b in pairs[:MAX_SAMPLES])
     else:
-        head = f"<tr><th>prompt</th><th>step {E(str(last))}</th></tr>"
-        body = "".join(f"<tr><td>{E(str(r['prompt']))}</td>{resp(r)}</tr>" for r in by_step[last][:MAX_SAMPLES])
-    return f"<h3>{E(stage)}: samples during training</h3><table class=\"samples\">{head}{body}</table>"
+        last_step = rows[-1].get("step")
+        last = [r for r in rows if r.get("step") == last_step][:MAX_SAMPLES]
+        head = "<tr><th>prompt</th><th>response</th></tr>"
+        body = "".join(f"<tr><td>{E(str(r['prompt']))}</td>{resp(r)}</tr>" for r in last)
+    return f'{title}<table class="samples">{head}{body}</table>'
+
+
+def _step_gap(a: dict, b: dict) -> float:
+    sa, sb = a.get("step"), b.get("step")
+    return sb - sa if isinstance(sa, (int, float)) and isinstance(sb, (int, float)) else 0
 
 
 # --------------------------------------------------------------------------- the page
