@@ -21,6 +21,7 @@ import importlib.util
 import json
 import logging
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -194,9 +195,17 @@ def _auto_tokenizer(path: Path, name: str, trust_remote_code: bool):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     except (OSError, ValueError, TypeError) as e:
         raise ModelError(f"model dir '{name}': no usable tokenizer ({_first_line(e)})") from None
+    return _forget_load_kwargs(tok)
+
+
+def _forget_load_kwargs(tokenizer):
+    """Loading options are not properties of the tokenizer: keep them out of a saved tokenizer_config."""
+    for key in ("local_files_only", "is_local", "gguf_file"):
+        tokenizer.init_kwargs.pop(key, None)
+    return tokenizer
 
 
 def _is_causal_lm_config(config) -> bool:
@@ -263,7 +272,7 @@ def _load_gguf_tokenizer(source: ModelSource):
             raise ModelError(
                 f"model '{source.name}': cannot read the GGUF tokenizer ({_first_line(e)})"
             ) from None
-        _GGUF_TOKENIZERS[source.key] = tok
+        _GGUF_TOKENIZERS[source.key] = _forget_load_kwargs(tok)
     return copy.deepcopy(_GGUF_TOKENIZERS[source.key])
 
 
@@ -277,6 +286,9 @@ def prepare(model, tokenizer) -> None:
     """Pad token, left padding, pad/eos ids in the configs, no quantization tag, no dropout."""
     ensure_pad_token(tokenizer, model)
     set_tokenizer_sides(tokenizer, padding="left")
+    context = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(context, int) and tokenizer.model_max_length > 10**8:  # "unknown": use the model's own
+        tokenizer.model_max_length = tokenizer.init_kwargs["model_max_length"] = context
     model.config.pad_token_id = tokenizer.pad_token_id
     if getattr(model, "generation_config", None) is not None:
         gen = model.generation_config
@@ -402,7 +414,11 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike) -> Path:
         plain = merged_copy(model) if is_peft_model(model) else model
         save_pretrained_clean(plain, tmp)
         if is_peft_model(model):
-            model.save_pretrained(tmp / "adapter", safe_serialization=True)
+            with warnings.catch_warnings():
+                # peft looks for the base's config.json to see if embeddings were resized; a GGUF
+                # base has none, and `ensure_pad_token` resizes before the adapter exists anyway
+                warnings.filterwarnings("ignore", message="Could not find a config file")
+                model.save_pretrained(tmp / "adapter", safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir
 
