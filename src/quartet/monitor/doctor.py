@@ -16,7 +16,8 @@ reward_flat_kl_zero         |objective/kl| < 0.05 for the last 10 points and obj
                             (trend t-statistic < 2 over those points)
 kl_blowup                   KL now > 3x the adaptive target (objective/kl_target or kl_target=); or
                             KL now > 0.5 nats per response token; or, over the last 10 points, KL rose
-                            at 8 of 9 steps, at least doubled and is above 0.2 nats per token
+                            at 8 of 9 steps, at least doubled, did not slow down (second-half rise >=
+                            first-half rise) and is above 0.2 nats per token
 negative_kl                 mean of the last (up to 5) objective/kl values < -0.1 nats
 reward_hacking_length       rollout/length_mean now >= 1.5x start and >= 4 tokens longer, score up
 reward_hacking_repetition   rollout/distinct_2 (or distinct_1) now <= 0.7x start, or rollout/repetition
@@ -351,7 +352,10 @@ def _kl_blowup(h: History):
         win = kl[-KL_GROWTH_WINDOW:]
         rises = sum(b > a for a, b in zip(win, win[1:]))
         doubled = win[0] <= 0 or win[-1] >= 2 * win[0]
-        if rises >= KL_GROWTH_WINDOW - 2 and doubled and win[-1] / tokens > KL_GROWTH_PER_TOKEN:
+        # a healthy KL curve levels off (rises less in the second half of the window than in the first)
+        half = KL_GROWTH_WINDOW // 2
+        not_slowing = win[-1] - win[half] >= win[half - 1] - win[0]
+        if rises >= KL_GROWTH_WINDOW - 2 and doubled and not_slowing and win[-1] / tokens > KL_GROWTH_PER_TOKEN:
             return _found(
                 "kl_blowup", h, key, steps[-KL_GROWTH_WINDOW:], win,
                 f"KL rose at {rises} of the last {KL_GROWTH_WINDOW - 1} steps to {win[-1]:.3g} nats "

@@ -121,6 +121,10 @@ def _plot(records, chart, findings: list[Finding]) -> bytes | None:
             handles += ax2.plot(steps, values, color=colors[(len(left) + j) % 6], lw=1.3, ls="--",
                                 marker=marker, ms=3, label=key)
         ax2.ticklabel_format(axis="y", useOffset=False)
+        if "value/explained_variance" in right:  # early critics reach -100s; keep the useful range visible
+            lo = min(v for v in _series(records, "value/explained_variance")[1] if math.isfinite(v))
+            if lo < -1.0:
+                ax2.set_ylim(bottom=-1.05, top=1.05)
         if left:
             ax2.set_ylabel(", ".join(k.split("/")[-1] for k in right), fontsize=8)
     keys = set(left) | set(right)
