@@ -1,6 +1,7 @@
 """The doctor: every rule fires on its failure mode, stays quiet on healthy runs, live == offline."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -158,6 +159,16 @@ def test_kl_per_token_scales_with_response_length():
     short = [{"step": i, "objective/kl": 20.0, "rollout/length_mean": 20} for i in range(1, 6)]
     assert diagnose(long) == []
     assert [f.rule for f in diagnose(short)] == ["kl_blowup"]
+
+
+def test_kl_growth_that_levels_off_is_not_a_blowup():
+    # 0 -> 12 nats over 30-token responses (0.4 nat/token), rising every step but decelerating
+    levelling = [{"step": i, "objective/kl": 12 * (1 - math.exp(-i / 5)), "rollout/length_mean": 30}
+                 for i in range(40)]
+    assert diagnose(levelling) == []
+    # the same rise at a constant rate does not level off
+    linear = [{"step": i, "objective/kl": 0.3 * i, "rollout/length_mean": 30} for i in range(40)]
+    assert [(f.rule, f.step) for f in diagnose(linear)] == [("kl_blowup", 21)]
 
 
 def test_findings_per_stage():

@@ -7,17 +7,18 @@ A rule reports once per run, at the first step where its condition holds. Apart 
 fires on fewer than 3 points of its metrics, so short runs do not raise noise.
 
 Rules and thresholds (metric keys of docs/CONTRACTS.md; "now" = median of the last 3 points, "start" =
-median of the first 3; KL is per sequence in nats):
+median of the first 3; "score up" = objective/score (else objective/reward) now > start; KL is per
+sequence in nats, "per token" divides by rollout/length_mean now, or by 48 when length is not logged):
 
-==========================  ======================================================================
+=========================== ======================================================================
 nan                         any logged objective / loss / grad-norm / other metric is NaN or inf
 grad_spike                  optim/grad_norm > 10x the median of the previous (up to 20) values, >= 5 of them
 reward_flat_kl_zero         |objective/kl| < 0.05 for the last 10 points and objective/score not rising
                             (trend t-statistic < 2 over those points)
 kl_blowup                   KL now > 3x the adaptive target (objective/kl_target or kl_target=); or
                             KL now > 0.5 nats per response token; or, over the last 10 points, KL rose
-                            at 8 of 9 steps, at least doubled, did not slow down (second-half rise >=
-                            first-half rise) and is above 0.2 nats per token
+                            at 8 of 9 steps, gained >= 25% of its value, did not level off (second-half
+                            rise >= 0.9x first-half rise) and is above 0.2 nats per token
 negative_kl                 mean of the last (up to 5) objective/kl values < -0.1 nats
 reward_hacking_length       rollout/length_mean now >= 1.5x start and >= 4 tokens longer, score up
 reward_hacking_repetition   rollout/distinct_2 (or distinct_1) now <= 0.7x start, or rollout/repetition
@@ -31,9 +32,9 @@ clipfrac_high               median of the last (up to 5) policy/clipfrac > 0.3
 value_loss_explosion        value/loss now > 10x its best 3-point median and above its start, or > 100x best
 value_loss_stuck            >= 15 points; value/loss median of last 5 >= 0.9x median of first 5, and
                             value/explained_variance (when logged) below 0.1
-explained_variance_negative >= 10 points and the last 5 value/explained_variance values all below 0
+explained_variance_negative >= 10 points; the last 5 value/explained_variance all below 0, their median < -0.1
 truncation                  rollout/eos_rate now < 0.5 (most responses hit max_new_tokens)
-==========================  ======================================================================
+=========================== ======================================================================
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ DEFAULT_RESPONSE_TOKENS = 48  # GenerationConfig.max_new_tokens; scales KL thres
 
 GRAD_SPIKE_RATIO, GRAD_SPIKE_HISTORY, GRAD_SPIKE_MIN_HISTORY = 10.0, 20, 5
 KL_ZERO, KL_ZERO_WINDOW, FLAT_T = 0.05, 10, 2.0
-KL_TARGET_RATIO, KL_MAX_PER_TOKEN, KL_GROWTH_PER_TOKEN, KL_GROWTH_WINDOW = 3.0, 0.5, 0.2, 10
+KL_TARGET_RATIO, KL_MAX_PER_TOKEN, KL_GROWTH_PER_TOKEN, KL_GROWTH_WINDOW, KL_GROWTH_REL = 3.0, 0.5, 0.2, 10, 0.25
 NEGATIVE_KL = -0.1
 LENGTH_RATIO, LENGTH_MIN_TOKENS = 1.5, 4.0
 DISTINCT_RATIO, REPETITION_RISE = 0.7, 0.15
@@ -67,7 +68,7 @@ CLIPFRAC_ZERO, CLIPFRAC_ZERO_WINDOW, CLIPFRAC_ZERO_MIN = 1e-3, 10, 5
 CLIPFRAC_HIGH = 0.3
 VALUE_EXPLOSION_RATIO, VALUE_EXPLOSION_HARD = 10.0, 100.0
 VALUE_STUCK_MIN, VALUE_STUCK_RATIO, VALUE_STUCK_EV = 15, 0.9, 0.1
-EV_MIN_POINTS, EV_WINDOW = 10, 5
+EV_MIN_POINTS, EV_WINDOW, EV_MEDIAN_MAX = 10, 5, -0.1
 EOS_RATE_MIN = 0.5
 
 
@@ -351,11 +352,11 @@ def _kl_blowup(h: History):
     if len(kl) >= KL_GROWTH_WINDOW:
         win = kl[-KL_GROWTH_WINDOW:]
         rises = sum(b > a for a, b in zip(win, win[1:]))
-        doubled = win[0] <= 0 or win[-1] >= 2 * win[0]
-        # a healthy KL curve levels off (rises less in the second half of the window than in the first)
+        grew = win[-1] - win[0] >= KL_GROWTH_REL * win[-1]
+        # a healthy KL curve levels off: it rises clearly less in the second half of the window than in the first
         half = KL_GROWTH_WINDOW // 2
-        not_slowing = win[-1] - win[half] >= win[half - 1] - win[0]
-        if rises >= KL_GROWTH_WINDOW - 2 and doubled and not_slowing and win[-1] / tokens > KL_GROWTH_PER_TOKEN:
+        not_slowing = win[-1] - win[half] >= 0.9 * (win[half - 1] - win[0])
+        if rises >= KL_GROWTH_WINDOW - 2 and grew and not_slowing and win[-1] / tokens > KL_GROWTH_PER_TOKEN:
             return _found(
                 "kl_blowup", h, key, steps[-KL_GROWTH_WINDOW:], win,
                 f"KL rose at {rises} of the last {KL_GROWTH_WINDOW - 1} steps to {win[-1]:.3g} nats "
@@ -574,7 +575,7 @@ def _explained_variance_negative(h: History):
     if not h.has(key, EV_MIN_POINTS):
         return None
     steps, ev = h.tail(key, EV_WINDOW)
-    if max(ev) >= 0:
+    if max(ev) >= 0 or _median(ev) >= EV_MEDIAN_MAX:
         return None
     return _found(
         "explained_variance_negative", h, key, steps, ev,
