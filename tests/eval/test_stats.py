@@ -46,6 +46,15 @@ def test_distinct_n_accepts_one_text_or_one_token_list():
     assert distinct_n([5, 6, 5, 6], 1) == 0.5
 
 
+def test_tensors_and_arrays_compare_tokens_by_value():
+    import torch
+
+    rows = [[1, 2, 3], [1, 2, 4]]
+    assert distinct_n(torch.tensor(rows), 2) == distinct_n(np.array(rows), 2) == 0.75
+    assert distinct_n([torch.tensor(r) for r in rows], 2) == 0.75
+    assert repetition_rate(torch.tensor([7] * 10), n=4) == pytest.approx(1 - 1 / 7)
+
+
 def test_distinct_n_without_ngrams_is_zero():
     assert distinct_n([], 2) == 0.0
     assert distinct_n(["a", "b"], 2) == 0.0

@@ -18,14 +18,18 @@ _CHUNK_ELEMENTS = 1_000_000
 
 # --------------------------------------------------------------------------- n-gram diversity
 def _as_tokens(seq) -> list:
-    return seq.split() if isinstance(seq, str) else list(seq)
+    if isinstance(seq, str):
+        return seq.split()
+    # tensors / arrays: compare token ids by value (a torch scalar hashes by identity)
+    return seq.tolist() if hasattr(seq, "tolist") else list(seq)
 
 
 def _as_corpus(seqs) -> list[list]:
-    """A corpus: a list of texts or token lists. One text, or one flat list of ints, is a corpus of one."""
+    """A corpus: texts or token lists (a 2-D tensor / array is one sequence per row).
+    One text, or one flat list of ints, is a corpus of one."""
     if isinstance(seqs, str):
         return [seqs.split()]
-    seqs = list(seqs)
+    seqs = seqs.tolist() if hasattr(seqs, "tolist") else list(seqs)
     if seqs and isinstance(seqs[0], (int, np.integer)):
         return [seqs]
     return [_as_tokens(s) for s in seqs]
