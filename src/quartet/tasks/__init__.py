@@ -1,0 +1,81 @@
+"""Built-in tasks: prompt files shipped with the package plus a gold judge.
+
+``get_task(name)`` returns a :class:`Task`; ``task:<name>/<split>`` works as a data path anywhere a
+dataset file does, and ``task:<name>`` as a reward spec (the gold judge).
+
+- ``positive-review`` (default): write a short movie review continuing a neutral or mixed opening;
+  gold judge = VADER compound sentiment of the response, in [-1, 1]. Splits: train (480),
+  eval (96, films never seen in train), sft (198 demonstrations of mixed sentiment).
+- ``tiny-target``: short random-letter prompts for tests with tiny byte-level models; gold judge =
+  fraction of response characters in :data:`quartet.tasks.tiny_target.TARGET_CHARS`, in [0, 1].
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from quartet.errors import DataError
+
+RewardFn = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    description: str
+    judge: RewardFn
+    """gold reward: (prompts, responses) -> scores"""
+    data_dir: Path
+    splits: tuple[str, ...]
+    score_range: tuple[float, float]
+    """the judge's scores always lie in this closed interval"""
+
+    def split_path(self, split: str) -> Path:
+        """The JSONL file of ``split``; DataError naming the known splits otherwise."""
+        if split not in self.splits:
+            raise DataError(f"task:{self.name}/{split}: unknown split (choose from {', '.join(self.splits)})")
+        return self.data_dir / f"{split}.jsonl"
+
+    def rows(self, split: str) -> list[dict]:
+        from quartet.data.readers import read_rows
+
+        return read_rows(f"task:{self.name}/{split}")
+
+    def prompts(self, split: str) -> list[str]:
+        return [row["prompt"] for row in self.rows(split)]
+
+
+def _registry() -> dict[str, Task]:
+    from quartet.tasks import positive_review, tiny_target
+
+    return {t.name: t for t in (positive_review.TASK, tiny_target.TASK)}
+
+
+def list_tasks() -> list[str]:
+    return sorted(_registry())
+
+
+def get_task(name: str) -> Task:
+    tasks = _registry()
+    if name not in tasks:
+        close = difflib.get_close_matches(name, list(tasks), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known tasks: {', '.join(sorted(tasks))}"
+        raise DataError(f"task:{name}: unknown task ({hint})")
+    return tasks[name]
+
+
+def cli(args=None) -> int:
+    """``quartet tasks``: each built-in task with its splits, row counts and description."""
+    for name in list_tasks():
+        task = get_task(name)
+        splits = ", ".join(f"{s} ({len(task.rows(s))} rows)" for s in task.splits)
+        lo, hi = task.score_range
+        print(f"{name}\n  {task.description}\n  splits: {splits}\n  gold judge range: [{lo:g}, {hi:g}]; "
+              f"use as data `task:{name}/<split>`, as reward `task:{name}`")
+    return 0
+
+
+__all__ = ["RewardFn", "Task", "cli", "get_task", "list_tasks"]
