@@ -129,6 +129,8 @@ def _open(cfg: DataConfig, kind: str) -> tuple[Table, dict[str, str]]:
             )
     table = read_table(cfg.path)
     if cfg.limit is not None:
+        if cfg.limit < 1:
+            raise DataError(f"{cfg.path}: limit must be > 0, got {cfg.limit}")
         table.rows, table.numbers = table.rows[: cfg.limit], table.numbers[: cfg.limit]
     col = {name: str(cfg.columns.get(name, name)) for name in FIELDS[kind]}
     for key, name in cfg.columns.items():  # a remap names a field the user expects in every row
