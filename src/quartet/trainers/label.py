@@ -1,0 +1,195 @@
+"""Stage 2, AI feedback: sample K answers per prompt, let a judge score them, keep the clear pairs.
+
+InstructGPT had labellers rank K answers; here a judge (any reward function, e.g. a task's gold
+judge) scores them instead. Pairing: the best against the worst answer of each prompt, or every pair
+whose score gap exceeds `min_gap`. Pairs at most `min_gap` apart are ties: dropped and counted, as are
+empty and duplicate answers (a preference file cannot hold them). Human-labelled preference files skip
+this stage and go straight to `quartet rm`.
+
+    quartet label policy=runs/sft/model prompts.path=task:positive-review/train num_samples=4
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quartet.atomic import atomic_write_text
+from quartet.config import LabelConfig, load_config, save_config, validate
+from quartet.data import encode_prompts, left_pad, load_prompts, render_conversation
+from quartet.errors import DataError
+from quartet.judges import load_reward_fn
+from quartet.models import load_causal_lm, load_reward_model
+from quartet.monitor import Progress
+from quartet.rollout.engine import HFEngine
+from quartet.trainers import loop
+
+log = logging.getLogger("quartet")
+
+
+@dataclass
+class LabelCounts:
+    prompts: int = 0
+    samples: int = 0
+    pairs: int = 0
+    ties: int = 0
+    """candidate pairs whose score gap was <= min_gap (best-worst: prompts whose best ~ worst)"""
+    empty: int = 0
+    """empty answers, left out before pairing"""
+    duplicates: int = 0
+    """answers identical to another answer of the same prompt, left out before pairing"""
+    too_few: int = 0
+    """prompts with fewer than two distinct non-empty answers"""
+
+
+@dataclass
+class LabelResult:
+    output: Path
+    counts: LabelCounts
+    score_mean: float
+    """mean judge score over every sampled answer"""
+    gap_mean: float
+    """mean chosen - rejected score over the kept pairs"""
+    seconds: float
+    summary: Path = field(default=None)
+
+
+def label(cfg: LabelConfig) -> LabelResult:
+    validate(cfg)
+    loop.seed_everything(cfg.seed)
+    timer = loop.Timer()
+    # 1. inputs first, so a bad file or judge fails before any sampling
+    examples = load_prompts(cfg.prompts)
+    judge = make_judge(cfg.judge)
+    model, tok = load_causal_lm(cfg.policy, torch.float32)
+    encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
+                             cfg.prompts.chat_template, where=cfg.prompts.path)
+    prompts = [examples[i].prompt for i in encoded.kept]
+    engine = HFEngine(model, tok, cfg.generation, dtype=loop.generation_dtype("auto"))
+    del model  # the engine holds its own low-precision copy
+
+    # 2. sample K answers per prompt and score them, a batch of prompts at a time
+    counts = LabelCounts(prompts=len(prompts))
+    rows, all_scores = [], []
+    per_call = max(1, cfg.generation.batch_size // cfg.num_samples)  # prompts per generate call
+    bar = Progress(len(prompts), "label", keys={"label/pairs": "pairs", "label/ties": "ties"}, every=per_call)
+    for start in range(0, len(prompts), per_call):
+        chunk = list(range(start, min(start + per_call, len(prompts))))
+        ids, mask = left_pad([encoded.input_ids[i] for i in chunk for _ in range(cfg.num_samples)],
+                             tok.pad_token_id)
+        rollout = engine.generate(ids, mask, seed=cfg.seed + start)
+        answers = rollout.responses
+        scores = judge([prompts[i] for i in chunk for _ in range(cfg.num_samples)], answers)
+        all_scores += scores
+        for j, i in enumerate(chunk):
+            k = slice(j * cfg.num_samples, (j + 1) * cfg.num_samples)
+            for chosen, rejected, cs, rs in make_pairs(answers[k], scores[k], cfg.pairing, cfg.min_gap, counts):
+                rows.append({"prompt": prompts[i], "chosen": chosen, "rejected": rejected,
+                             "chosen_score": cs, "rejected_score": rs})
+        counts.pairs = len(rows)
+        bar.update(len(chunk), {"label/pairs": counts.pairs, "label/ties": counts.ties}, n=len(chunk))
+    bar.close()
+    counts.samples = len(all_scores)
+    if not rows:
+        raise DataError(
+            f"label: no pairs from {counts.prompts} prompts ({counts.ties} ties at min_gap={cfg.min_gap}, "
+            f"{counts.empty} empty answers); lower min_gap or raise num_samples / temperature"
+        )
+
+    # 3. write the pairs (atomically) + the config and a summary beside them
+    output = Path(cfg.output)
+    atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    save_config(cfg, _sidecar(output, "config.yaml"))
+    gaps = [r["chosen_score"] - r["rejected_score"] for r in rows]
+    result = LabelResult(output, counts, statistics.fmean(all_scores), statistics.fmean(gaps), timer.seconds,
+                         summary=_sidecar(output, "summary.md"))
+    summary = loop.format_summary(
+        f"label: {cfg.policy} judged by {cfg.judge}",
+        {
+            "sampling": {
+                "prompts": counts.prompts,
+                "answers (K per prompt)": f"{counts.samples} ({cfg.num_samples})",
+                "temperature / top_p / max_new_tokens": (
+                    f"{cfg.generation.temperature} / {cfg.generation.top_p} / {cfg.generation.max_new_tokens}"),
+                "judge score mean": result.score_mean,
+                "time": f"{result.seconds:.1f} s",
+            },
+            "pairs": {
+                "rule": f"{cfg.pairing}, gap > {cfg.min_gap}",
+                "kept": counts.pairs,
+                "dropped as ties (gap <= min_gap)": counts.ties,
+                "empty / duplicate answers left out": f"{counts.empty} / {counts.duplicates}",
+                "prompts with < 2 distinct answers": counts.too_few,
+                "mean chosen - rejected score": result.gap_mean,
+            },
+            "output": {"preference pairs": output, "next": f"quartet rm data.path={output}"},
+        },
+    )
+    atomic_write_text(result.summary, summary)
+    print(summary)
+    return result
+
+
+def make_pairs(answers: list[str], scores: list[float], pairing: str, min_gap: float, counts: LabelCounts):
+    """(chosen, rejected, chosen_score, rejected_score) tuples from one prompt's K scored answers."""
+    seen, cands = set(), []
+    for answer, score in zip(answers, scores):
+        if not answer.strip():
+            counts.empty += 1
+        elif answer in seen:
+            counts.duplicates += 1
+        else:
+            seen.add(answer)
+            cands.append((score, answer))
+    if len(cands) < 2:
+        counts.too_few += 1
+        return []
+    cands.sort(key=lambda c: -c[0])  # best first; sort is stable, so equal scores keep sampling order
+    if pairing == "best-worst":
+        candidates = [(cands[0], cands[-1])]
+    else:
+        candidates = list(itertools.combinations(cands, 2))
+    pairs = []
+    for (hi, hi_text), (lo, lo_text) in candidates:
+        if hi - lo <= min_gap:
+            counts.ties += 1
+            continue
+        pairs.append((hi_text, lo_text, hi, lo))
+    return pairs
+
+
+def make_judge(spec: str):
+    """`(prompts, responses) -> scores` from a reward-function spec or a reward-model dir / `minilm`."""
+    if spec == "minilm" or Path(spec).is_dir():
+        rm = load_reward_model(spec)
+
+        def score_with_rm(prompts, responses):
+            texts = [render_conversation(rm.tokenizer, p, r) for p, r in zip(prompts, responses)]
+            return rm.score_texts(texts)
+
+        return score_with_rm
+    fn = load_reward_fn(spec)
+    return lambda prompts, responses: fn([_prompt_text(p) for p in prompts], responses)
+
+
+def _prompt_text(prompt) -> str:
+    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+
+
+def _sidecar(output: Path, suffix: str) -> Path:
+    """runs/label/preferences.jsonl -> runs/label/preferences.<suffix>"""
+    return output.with_name(f"{output.stem}.{suffix}")
+
+
+def cli(args) -> int:
+    label(load_config(LabelConfig, args.config, args.overrides))
+    return 0

@@ -1,0 +1,178 @@
+"""Small pieces the SFT and reward-model recipes share; not a framework.
+
+Each trainer owns its loop. From here it takes: an `Accelerator` (bf16 autocast where the hardware
+has it, fp32 master weights), AdamW with warmup + decay, the optimizer-step count, a seeded
+train/eval split, a shuffled loader, the optimizer step (clip + step + schedule), and the
+one-screen summary.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader
+from transformers import get_scheduler
+
+from quartet.config import OptimConfig
+from quartet.errors import ConfigError, DataError
+
+log = logging.getLogger("quartet")
+SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+# --------------------------------------------------------------------------- precision + accelerator
+@functools.cache
+def cpu_has_bf16() -> bool:
+    """True when the CPU multiplies bf16 natively (AVX-512 BF16 or AMX); otherwise bf16 autocast is slower."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def mixed_precision(precision: str) -> str:
+    """Config precision -> accelerate's `mixed_precision` ("bf16", "fp16" or "no")."""
+    cuda = torch.cuda.is_available()
+    if precision == "fp32":
+        return "no"
+    if precision == "auto":
+        if cuda:
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if cpu_has_bf16() else "no"
+    if precision == "fp16" and not cuda:
+        raise ConfigError("precision: fp16 needs a GPU; use bf16, fp32 or auto on CPU")
+    return precision
+
+
+def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
+    """Autocast in the compute dtype; weights and optimizer state stay fp32."""
+    return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum)
+
+
+def generation_dtype(precision: str) -> torch.dtype:
+    """Dtype of a sampling copy of a model (see quartet.rollout.engine)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision(precision), torch.float32)
+
+
+def seed_everything(seed: int) -> None:
+    set_seed(seed)
+
+
+# --------------------------------------------------------------------------- data
+def split_train_eval(examples: list, eval_fraction: float, seed: int, eval_examples: list | None = None):
+    """(train, eval): the given eval set, or a seeded random `eval_fraction` of `examples` (>= 1 row)."""
+    if eval_examples is not None:
+        return list(examples), list(eval_examples)
+    if eval_fraction <= 0:
+        return list(examples), []
+    if len(examples) < 2:
+        raise DataError(f"only {len(examples)} row(s): too few to hold out an eval split (set eval_fraction: 0)")
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_eval = min(len(examples) - 1, max(1, round(eval_fraction * len(examples))))
+    held = set(order[:n_eval])
+    train = [ex for i, ex in enumerate(examples) if i not in held]
+    return train, [examples[i] for i in sorted(held)]
+
+
+def make_loader(items: Sequence, batch_size: int, collate: Callable, shuffle: bool, seed: int = 0) -> DataLoader:
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(list(items), batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=generator)
+
+
+def model_max_len(config, max_seq_len: int, stage: str) -> int:
+    """`max_seq_len`, capped at the context length in a model's `config` (logged when it is)."""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit and limit < max_seq_len:
+        log.info("%s: max_seq_len %d exceeds the model's context %d; using %d", stage, max_seq_len, limit, limit)
+        return limit
+    return max_seq_len
+
+
+def count_update_steps(batches_per_epoch: int, grad_accum: int, epochs: float, max_steps: int | None) -> int:
+    """Optimizer steps in the run: `max_steps`, else `epochs` passes (an epoch's last partial
+    accumulation still steps, as accelerate syncs at the end of the loader)."""
+    if max_steps is not None:
+        return max_steps
+    per_epoch = math.ceil(batches_per_epoch / grad_accum)
+    return max(1, math.ceil(epochs * per_epoch))
+
+
+def forever(loader: DataLoader):
+    """Loop over `loader` epoch after epoch (reshuffled each time)."""
+    while True:
+        yield from loader
+
+
+# --------------------------------------------------------------------------- optimisation
+def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, num_processes: int = 1):
+    """AdamW over the trainable parameters + warmup then constant/linear/cosine decay to 0."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
+    # accelerate's scheduler wrapper steps once per process per optimizer step
+    scheduler = get_scheduler(
+        SCHEDULES[cfg.schedule],
+        optimizer,
+        num_warmup_steps=min(cfg.warmup_steps, total_steps) * num_processes,
+        num_training_steps=total_steps * num_processes,
+    )
+    return optimizer, scheduler
+
+
+def optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, max_grad_norm: float | None) -> float:
+    """Clip (only when gradients are synced), step, schedule, zero. Returns the pre-clip grad norm (or nan)."""
+    grad_norm = float("nan")
+    if accelerator.sync_gradients:
+        params = [p for p in model.parameters() if p.requires_grad]
+        norm = accelerator.clip_grad_norm_(params, max_grad_norm if max_grad_norm is not None else float("inf"))
+        grad_norm = float(norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+def count_parameters(model: torch.nn.Module) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+
+# --------------------------------------------------------------------------- summary
+def format_summary(title: str, sections: dict[str, dict[str, object]]) -> str:
+    """A one-screen markdown summary: a title, then `key: value` bullet lists per section."""
+    lines = [f"# {title}", ""]
+    for name, rows in sections.items():
+        lines.append(f"## {name}")
+        for key, value in rows.items():
+            lines.append(f"- {key}: {fmt(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def fmt(value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,345 @@
+"""Stage 3, reward model: learn a scalar score from preference pairs (InstructGPT's RM step).
+
+Bradley-Terry: P(chosen > rejected) = sigmoid(r_chosen - r_rejected), so the loss is
+`-log sigmoid(r_c - r_r)`. Options: a per-pair margin subtracted inside the sigmoid (Llama 2, eq. 2)
+and a small centering term `coef * (r_c + r_r)^2` that keeps scores near 0 (Eisenstein et al. 2023).
+The score is read at the last real token (causal LMs) or [CLS] (encoders such as MiniLM).
+After training the head's output is normalised so the SFT policy's own answers score mean 0, std 1
+(the offsets are saved with the model), which keeps PPO's reward scale independent of the RM run.
+
+    quartet rm data.path=runs/label/preferences.jsonl model=minilm normalize_policy=runs/sft/model
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from quartet.atomic import atomic_dir, atomic_write_text
+from quartet.config import RewardConfig, load_config, save_config, validate
+from quartet.data import encode_pairs, encode_prompts, left_pad, load_preferences, load_prompts, right_pad
+from quartet.errors import DataError
+from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
+from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
+from quartet.rollout.engine import HFEngine
+from quartet.trainers import loop
+
+log = logging.getLogger("quartet")
+BUCKETS = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)
+"""edges of the |r_c - r_r| buckets of the calibration table (in raw Bradley-Terry units)"""
+
+
+@dataclass
+class RewardEval:
+    accuracy: float
+    """share of held-out pairs with r_chosen > r_rejected"""
+    margin: float
+    """mean r_chosen - r_rejected"""
+    chosen_mean: float
+    chosen_std: float
+    rejected_mean: float
+    rejected_std: float
+    calibration: list[dict]
+    """per |margin| bucket: count, accuracy, and the accuracy Bradley-Terry predicts (mean sigmoid|margin|)"""
+
+
+@dataclass
+class RewardResult:
+    run_dir: Path
+    model_dir: Path
+    steps: int
+    train_loss: float
+    first_eval: RewardEval | None
+    eval: RewardEval | None
+    """held-out metrics in raw (pre-normalisation) units; None without an eval split"""
+    norm_mean: float
+    norm_std: float
+    normalized_on: str
+    seconds: float
+
+
+def train_reward(cfg: RewardConfig) -> RewardResult:
+    validate(cfg)
+    loop.seed_everything(cfg.seed)
+    # 1. inputs first: data, margins, model, tokens -- all before the run dir is touched
+    pairs = load_preferences(cfg.data)
+    given = load_preferences(cfg.eval_data) if cfg.eval_data is not None else None
+    train_ex, eval_ex = loop.split_train_eval(pairs, cfg.eval_fraction, cfg.seed, given)
+    if cfg.margin:
+        _check_margins(train_ex, cfg.data.path)
+    norm_prompts = load_prompts(cfg.normalize_prompts) if cfg.normalize_prompts is not None else None
+    rm = load_reward_model(cfg.model, torch.float32)
+    rm.set_normalization(0.0, 1.0)  # train on raw scores; normalised at the end
+    tok = rm.tokenizer
+    max_len = loop.model_max_len(rm.config, cfg.max_seq_len, "rm")
+    train_rows = _encode(tok, train_ex, max_len, cfg.data.chat_template)
+    eval_rows = _encode(tok, eval_ex, max_len, (cfg.eval_data or cfg.data).chat_template)
+
+    # 2. model, optimizer, loaders under accelerate
+    if cfg.lora.enabled:
+        rm.model = apply_lora(rm.model, cfg.lora, task_type="SEQ_CLS")  # the score head trains fully
+    accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
+    collate = _Collate(tok.pad_token_id)
+    train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
+    eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
+    total = loop.count_update_steps(len(train_loader), cfg.grad_accum, cfg.epochs, cfg.max_steps)
+    optimizer, scheduler = loop.make_optimizer(rm, cfg.optim, total, accelerator.num_processes)
+    rm, optimizer, train_loader, scheduler = accelerator.prepare(rm, optimizer, train_loader, scheduler)
+    trainable, n_params = loop.count_parameters(rm)
+
+    with atomic_dir(cfg.output_dir) as run_dir:
+        save_config(cfg, run_dir / "config.yaml")
+        metrics = MetricsLogger(run_dir, "rm")
+        try:
+            first = evaluate(rm, eval_loader) if eval_rows else None
+            if first:
+                metrics.log(0, {"rm/eval_accuracy": first.accuracy, "rm/eval_margin": first.margin})
+            timer = loop.Timer()
+            train_loss, final = _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator,
+                                       metrics, total)
+            seconds = timer.seconds
+        finally:
+            metrics.close()
+        # 3. normalise: the policy's answers (or, without a policy, the training responses) -> mean 0, std 1
+        rm = accelerator.unwrap_model(rm, keep_fp32_wrapper=False)
+        mean, std, normalized_on = _normalization(cfg, rm, train_ex, norm_prompts, max_len)
+        rm.set_normalization(mean, std)
+        save_reward_model(rm, run_dir / "model")
+        result = RewardResult(Path(cfg.output_dir), Path(cfg.output_dir) / "model", total, train_loss,
+                              first, final, mean, std, normalized_on, seconds)
+        report = {"eval": asdict(final) if final else None, "bucket_edges": [str(e) for e in BUCKETS],
+                  "normalization": {"mean": mean, "std": std, "on": normalized_on}}
+        atomic_write_text(run_dir / "calibration.json", json.dumps(report, indent=2) + "\n")
+        summary = _summary(cfg, result, len(train_rows), len(eval_rows), max_len, trainable, n_params)
+        atomic_write_text(run_dir / "summary.md", summary)
+    print(summary)
+    return result
+
+
+def bradley_terry_loss(r_chosen, r_rejected, margin=None, center_coef: float = 0.0):
+    """-log sigmoid(r_c - r_r [- margin]) + center_coef * (r_c + r_r)^2, averaged; all inputs (B,)."""
+    diff = r_chosen - r_rejected
+    if margin is not None:
+        diff = diff - margin
+    loss = -F.logsigmoid(diff).mean()
+    if center_coef:
+        loss = loss + center_coef * ((r_chosen + r_rejected) ** 2).mean()
+    return loss
+
+
+def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total):
+    step, window, final, shown = 0, [], None, {}
+    train_loss = float("nan")
+    bar = Progress(total, "rm", keys={"rm/loss": "loss", "rm/accuracy": "acc", "rm/eval_accuracy": "eval_acc"},
+                   every=cfg.log_every)
+    rm.train()
+    for batch in loop.forever(train_loader):
+        with accelerator.accumulate(rm):
+            r_chosen, r_rejected = _scores(rm, batch)
+            loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"] if cfg.margin else None,
+                                      cfg.center_coef)
+            accelerator.backward(loss)
+            grad_norm = loop.optimizer_step(accelerator, rm, optimizer, scheduler, cfg.optim.max_grad_norm)
+        diff = (r_chosen - r_rejected).detach()
+        window.append((loss.item(), (diff > 0).float().mean().item(), diff.mean().item()))
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        if step % cfg.log_every == 0 or step == total:
+            train_loss, acc, margin = (statistics.fmean(col) for col in zip(*window))
+            window = []
+            shown |= metrics.log(step, {
+                "rm/loss": train_loss,
+                "rm/accuracy": acc,
+                "rm/margin": margin,
+                "optim/lr": scheduler.get_last_lr()[0],
+                "optim/grad_norm": grad_norm,
+                "memory/peak_rss_mb": peak_rss_mb(),
+            })
+        if len(eval_loader) and (step % cfg.eval_every == 0 or step == total):
+            final = evaluate(rm, eval_loader)
+            shown |= metrics.log(step, {"rm/eval_accuracy": final.accuracy, "rm/eval_margin": final.margin})
+            rm.train()
+        bar.update(step, shown)
+        if step >= total:
+            break
+    bar.close()
+    if not math.isfinite(train_loss):
+        raise DataError("reward-model loss became non-finite; lower optim.lr or check the data")
+    return train_loss, final
+
+
+def _scores(rm, batch):
+    """(r_chosen, r_rejected), each (B,): one forward over the 2B stacked sequences."""
+    r = rm(batch["input_ids"], batch["attention_mask"])
+    n = r.shape[0] // 2
+    return r[:n], r[n:]
+
+
+@torch.no_grad()
+def evaluate(rm, loader) -> RewardEval:
+    """Held-out accuracy, margin, reward mean/std per side, and calibration per |margin| bucket."""
+    rm.eval()
+    chosen, rejected = [], []
+    for batch in loader:
+        c, r = _scores(rm, batch)
+        chosen.append(c.float())
+        rejected.append(r.float())
+    c, r = torch.cat(chosen), torch.cat(rejected)
+    diff = c - r
+    correct = (diff > 0).float()
+    table = []
+    for lo, hi in zip(BUCKETS[:-1], BUCKETS[1:]):
+        inside = (diff.abs() >= lo) & (diff.abs() < hi)
+        n = int(inside.sum())
+        table.append({
+            "margin": f"[{lo:g}, {hi:g})",
+            "count": n,
+            "accuracy": float(correct[inside].mean()) if n else float("nan"),
+            "predicted": float(torch.sigmoid(diff.abs()[inside]).mean()) if n else float("nan"),
+        })
+    return RewardEval(
+        accuracy=float(correct.mean()),
+        margin=float(diff.mean()),
+        chosen_mean=float(c.mean()),
+        chosen_std=float(c.std()) if len(c) > 1 else 0.0,
+        rejected_mean=float(r.mean()),
+        rejected_std=float(r.std()) if len(r) > 1 else 0.0,
+        calibration=table,
+    )
+
+
+# --------------------------------------------------------------------------- normalisation
+def _normalization(cfg: RewardConfig, rm, train_ex, norm_prompts, max_len) -> tuple[float, float, str]:
+    """(mean, std) of raw scores on the policy's answers, or on the training responses without a policy."""
+    tok = rm.tokenizer
+    if cfg.normalize_policy:
+        prompts = [ex.prompt for ex in norm_prompts] if norm_prompts is not None else _unique_prompts(train_ex)
+        prompts = [prompts[i % len(prompts)] for i in range(cfg.normalize_samples)]
+        responses = _sample(cfg, prompts)
+        ids = encode_pairs(tok, prompts, responses, max_len, cfg.data.chat_template)
+        where = f"{len(ids)} answers of {cfg.normalize_policy}"
+    else:
+        rows = _encode(tok, train_ex, max_len, cfg.data.chat_template)
+        ids = [c for c, _, _ in rows] + [r for _, r, _ in rows]
+        where = f"the {len(ids)} training responses (normalize_policy is not set)"
+        log.info("rm: normalize_policy is not set; normalising on the training responses instead")
+    scores = _raw_scores(rm, ids, tok.pad_token_id, cfg.batch_size * 2)
+    mean = float(scores.mean())
+    std = float(scores.std()) if len(scores) > 1 else 1.0
+    if not std > 1e-6:
+        log.warning("rm: normalisation scores are all equal (std %.2g); keeping std = 1", std)
+        std = 1.0
+    return mean, std, where
+
+
+def _sample(cfg: RewardConfig, prompts: list) -> list[str]:
+    model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+    pcfg = cfg.normalize_prompts or cfg.data
+    enc = encode_prompts(tok, prompts, pcfg.max_prompt_tokens, "left", pcfg.chat_template, where="normalize_prompts")
+    engine = HFEngine(model, tok, cfg.normalize_generation, dtype=loop.generation_dtype(cfg.precision))
+    del model
+    ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
+    return engine.generate(ids, mask, seed=cfg.seed).responses
+
+
+@torch.no_grad()
+def _raw_scores(rm, ids: list[list[int]], pad_id: int, batch_size: int) -> torch.Tensor:
+    rm.eval()
+    out = []
+    for start in range(0, len(ids), batch_size):
+        input_ids, mask = right_pad(ids[start : start + batch_size], pad_id)
+        out.append(rm.raw_scores(input_ids, mask).float())
+    return torch.cat(out)
+
+
+def _unique_prompts(examples) -> list:
+    seen, out = set(), []
+    for ex in examples:
+        key = json.dumps(ex.prompt, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(ex.prompt)
+    return out
+
+
+# --------------------------------------------------------------------------- data
+def _check_margins(examples, source: str) -> None:
+    missing = sum(ex.margin is None for ex in examples)
+    if missing:
+        raise DataError(f"{source}: `margin: true` but {missing} of {len(examples)} pairs have no 'margin' "
+                        f"value (add the column, or set margin: false)")
+
+
+def _encode(tok, examples, max_len: int, chat_template: bool) -> list[tuple]:
+    """(chosen_ids, rejected_ids, margin) per pair."""
+    if not examples:
+        return []
+    prompts = [ex.prompt for ex in examples]
+    chosen = encode_pairs(tok, prompts, [ex.chosen for ex in examples], max_len, chat_template)
+    rejected = encode_pairs(tok, prompts, [ex.rejected for ex in examples], max_len, chat_template)
+    return [(c, r, ex.margin or 0.0) for c, r, ex in zip(chosen, rejected, examples)]
+
+
+class _Collate:
+    """B pairs -> one (2B, T) right-padded batch, chosen rows first, + margins (B,)."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, rows):
+        input_ids, mask = right_pad([c for c, _, _ in rows] + [r for _, r, _ in rows], self.pad_id)
+        margin = torch.tensor([m for _, _, m in rows], dtype=torch.float32)
+        return {"input_ids": input_ids, "attention_mask": mask, "margin": margin}
+
+
+# --------------------------------------------------------------------------- summary
+def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_params) -> str:
+    ev, first = result.eval, result.first_eval
+    held = {"pairs": n_eval or "none (eval_fraction 0)"}
+    if ev is not None:
+        held.update({
+            "accuracy (start -> end)": f"{first.accuracy:.3f} -> {ev.accuracy:.3f}",
+            "mean margin r_c - r_r": ev.margin,
+            "chosen reward mean / std": f"{ev.chosen_mean:.3f} / {ev.chosen_std:.3f}",
+            "rejected reward mean / std": f"{ev.rejected_mean:.3f} / {ev.rejected_std:.3f}",
+        })
+    lines = [loop.format_summary(
+        f"reward model: {cfg.model}",
+        {
+            "data": {"train pairs": n_train, "max_seq_len": max_len,
+                     "loss": "Bradley-Terry" + (" - margin" if cfg.margin else "")
+                     + (f" + {cfg.center_coef} centering" if cfg.center_coef else "")},
+            "training": {
+                "mode": f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tune",
+                "trainable parameters": f"{trainable:,} of {n_params:,}",
+                "precision": loop.mixed_precision(cfg.precision),
+                "optimizer steps": result.steps,
+                "time": f"{result.seconds:.1f} s ({result.seconds / result.steps:.3f} s/step)",
+                "final train loss": result.train_loss,
+                "peak RSS": f"{peak_rss_mb():.0f} MB",
+            },
+            "held-out (raw scores)": held,
+            "normalisation": {"mean / std": f"{result.norm_mean:.4g} / {result.norm_std:.4g}",
+                              "measured on": result.normalized_on},
+            "output": {"reward model": result.model_dir},
+        },
+    ).rstrip()]
+    if ev is not None:
+        lines += ["", "## calibration (held-out, by |r_c - r_r|)", "",
+                  "| margin | pairs | accuracy | BT predicts |", "|---|---|---|---|"]
+        lines += [f"| {b['margin']} | {b['count']} | {loop.fmt(b['accuracy'])} | {loop.fmt(b['predicted'])} |"
+                  for b in ev.calibration]
+    return "\n".join(lines) + "\n"
+
+
+def cli(args) -> int:
+    train_reward(load_config(RewardConfig, args.config, args.overrides))
+    return 0

@@ -1,0 +1,199 @@
+"""Stage 1, supervised fine-tuning: teach a causal LM the demonstrations (InstructGPT's SFT step).
+
+The loss is next-token cross-entropy on the completion tokens only; prompt tokens are context
+(labels -100). Full fine-tuning or LoRA (saved merged), AdamW + warmup + decay, bf16 autocast where
+the hardware has it. The saved `model/` is the policy's start and the Reference of the later stages.
+
+    quartet sft -c sft.yaml model=tiny:llama data.path=task:positive-review/sft max_steps=50
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from quartet.atomic import atomic_dir, atomic_write_text
+from quartet.config import SFTConfig, load_config, save_config, validate
+from quartet.data import IGNORE_INDEX, encode_sft, load_sft, right_pad
+from quartet.errors import DataError
+from quartet.models import apply_lora, load_causal_lm, save_model
+from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
+from quartet.trainers import loop
+
+log = logging.getLogger("quartet")
+
+
+@dataclass
+class SFTResult:
+    run_dir: Path
+    model_dir: Path
+    steps: int
+    train_loss: float
+    """mean loss over the last logging window"""
+    eval_loss: float
+    """final held-out loss per completion token (nan without an eval split)"""
+    eval_ppl: float
+    first_eval_loss: float
+    """held-out loss before the first step"""
+    seconds: float
+    seconds_per_step: float
+
+
+def train_sft(cfg: SFTConfig) -> SFTResult:
+    validate(cfg)
+    loop.seed_everything(cfg.seed)
+    # 1. everything the user controls is read and checked before the run dir is touched
+    examples = load_sft(cfg.data)
+    eval_given = load_sft(cfg.eval_data) if cfg.eval_data is not None else None
+    train_ex, eval_ex = loop.split_train_eval(examples, cfg.eval_fraction, cfg.seed, eval_given)
+    model, tok = load_causal_lm(cfg.model, torch.float32)
+    max_len = loop.model_max_len(model.config, cfg.max_seq_len, "sft")
+    train_rows = encode_sft(tok, train_ex, max_len, cfg.data.chat_template)
+    eval_rows = encode_sft(tok, eval_ex, max_len, (cfg.eval_data or cfg.data).chat_template) if eval_ex else []
+
+    # 2. model, optimizer, loaders under accelerate (bf16 autocast, fp32 master weights)
+    if cfg.lora.enabled:
+        model = apply_lora(model, cfg.lora)
+    accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
+    collate = _Collate(tok.pad_token_id)
+    train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
+    eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
+    total = loop.count_update_steps(len(train_loader), cfg.grad_accum, cfg.epochs, cfg.max_steps)
+    optimizer, scheduler = loop.make_optimizer(model, cfg.optim, total, accelerator.num_processes)
+    model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
+    trainable, n_params = loop.count_parameters(model)
+
+    # 3. train into a temporary run dir that replaces output_dir only when complete
+    with atomic_dir(cfg.output_dir) as run_dir:
+        save_config(cfg, run_dir / "config.yaml")
+        metrics = MetricsLogger(run_dir, "sft")
+        try:
+            first = _evaluate(model, eval_loader, accelerator)
+            if eval_rows:
+                metrics.log(0, {"sft/eval_loss": first, "sft/eval_ppl": _ppl(first)})
+            timer = loop.Timer()
+            train_loss, final = _train(cfg, model, optimizer, scheduler, train_loader, eval_loader,
+                                       accelerator, metrics, total)
+            seconds = timer.seconds
+        finally:
+            metrics.close()
+        unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+        save_model(unwrapped, tok, run_dir / "model")
+        result = SFTResult(
+            run_dir=Path(cfg.output_dir),
+            model_dir=Path(cfg.output_dir) / "model",
+            steps=total,
+            train_loss=train_loss,
+            eval_loss=final,
+            eval_ppl=_ppl(final),
+            first_eval_loss=first,
+            seconds=seconds,
+            seconds_per_step=seconds / total,
+        )
+        summary = loop.format_summary(
+            f"SFT: {cfg.model}",
+            {
+                "data": {
+                    "train examples": len(train_rows),
+                    "eval examples": len(eval_rows) if eval_rows else "none (eval_fraction 0)",
+                    "cut at max_seq_len (completion end) / dropped": (
+                        f"{train_rows.num_truncated} / {train_rows.num_dropped}"),
+                    "max_seq_len": max_len,
+                },
+                "training": {
+                    "mode": f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tune",
+                    "trainable parameters": f"{trainable:,} of {n_params:,}",
+                    "precision": loop.mixed_precision(cfg.precision),
+                    "optimizer steps": total,
+                    "micro-batch x grad_accum": f"{cfg.batch_size} x {cfg.grad_accum}",
+                    "time": f"{seconds:.1f} s ({result.seconds_per_step:.3f} s/step)",
+                    "final train loss": train_loss,
+                    "peak RSS": f"{peak_rss_mb():.0f} MB",
+                },
+                "held-out": {
+                    "eval loss (start -> end)": f"{loop.fmt(first)} -> {loop.fmt(final)}",
+                    "eval perplexity (end)": result.eval_ppl,
+                },
+                "output": {"model (policy / reference for later stages)": result.model_dir},
+            },
+        )
+        atomic_write_text(run_dir / "summary.md", summary)
+    print(summary)
+    return result
+
+
+def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total):
+    """The loop: micro-batches -> accumulate -> step; log every log_every, eval every eval_every."""
+    step, window, final, shown = 0, [], float("nan"), {}
+    train_loss = float("nan")
+    bar = Progress(total, "sft", keys={"sft/loss": "loss", "sft/eval_loss": "eval_loss"}, every=cfg.log_every)
+    model.train()
+    for batch in loop.forever(train_loader):
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss  # mean over this micro-batch's completion tokens
+            accelerator.backward(loss)
+            grad_norm = loop.optimizer_step(accelerator, model, optimizer, scheduler, cfg.optim.max_grad_norm)
+        window.append(loss.item())
+        if not accelerator.sync_gradients:
+            continue
+        step += 1
+        if step % cfg.log_every == 0 or step == total:
+            train_loss = sum(window) / len(window)
+            window = []
+            shown |= metrics.log(step, {
+                "sft/loss": train_loss,
+                "optim/lr": scheduler.get_last_lr()[0],
+                "optim/grad_norm": grad_norm,
+                "memory/peak_rss_mb": peak_rss_mb(),
+            })
+        if len(eval_loader) and (step % cfg.eval_every == 0 or step == total):
+            final = _evaluate(model, eval_loader, accelerator)
+            shown |= metrics.log(step, {"sft/eval_loss": final, "sft/eval_ppl": _ppl(final)})
+            model.train()
+        bar.update(step, shown)
+        if step >= total:
+            break
+    bar.close()
+    if not math.isfinite(train_loss):
+        raise DataError("SFT loss became non-finite; lower optim.lr or check the data")
+    return train_loss, final
+
+
+@torch.no_grad()
+def _evaluate(model, loader, accelerator) -> float:
+    """Held-out loss per completion token (token-weighted over the whole split)."""
+    if not len(loader):
+        return float("nan")
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in loader:
+        n = (batch["labels"][:, 1:] != IGNORE_INDEX).sum().item()
+        out = model(**batch)
+        total += out.loss.item() * n
+        tokens += n
+    return total / max(tokens, 1)
+
+
+def _ppl(loss: float) -> float:
+    return math.exp(min(loss, 50.0)) if math.isfinite(loss) else float("nan")
+
+
+class _Collate:
+    """Right-pad (input_ids, labels) rows into a (B, T) batch; padding carries no loss."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, rows):
+        input_ids, mask = right_pad([ids for ids, _ in rows], self.pad_id)
+        labels, _ = right_pad([lab for _, lab in rows], IGNORE_INDEX)
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+def cli(args) -> int:
+    train_sft(load_config(SFTConfig, args.config, args.overrides))
+    return 0
