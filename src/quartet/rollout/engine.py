@@ -65,7 +65,7 @@ class HFEngine:
             do_sample=True,
             temperature=gen_cfg.temperature,
             top_p=gen_cfg.top_p,
-            top_k=gen_cfg.top_k if gen_cfg.top_k > 0 else None,
+            top_k=gen_cfg.top_k,  # 0 disables it: None would fall back to transformers' default of 50
             max_new_tokens=gen_cfg.max_new_tokens,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,

@@ -1,0 +1,123 @@
+"""Scoring rollouts: a reward model or any reward callable, then penalties and normalisation.
+
+`Scorer` hides which kind of reward is in use. A reward model may have its own tokenizer: the
+responses are always scored as text (prompt and response rendered with the *reward model's* chat
+template and re-encoded), so an actor and a reward model from different families work together.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from quartet.errors import ConfigError
+
+
+def is_reward_model_spec(spec: str) -> bool:
+    """A reward-model directory or the `minilm` alias, as opposed to `task:<name>` / `module:function`."""
+    if spec == "minilm" or Path(spec).is_dir():
+        return True
+    return False
+
+
+class Scorer:
+    """`scorer(prompts, responses) -> (B,) float32 scores` from a reward model or a reward function.
+
+    prompts: the user's prompts (text, or chat messages); responses: decoded response text.
+    """
+
+    def __init__(self, spec: str, dtype: torch.dtype = torch.float32, batch_size: int = 32):
+        self.spec = spec
+        self.batch_size = batch_size
+        self.reward_model = None
+        self.fn = None
+        if is_reward_model_spec(spec):
+            from quartet.models import load_reward_model
+
+            self.reward_model = load_reward_model(spec, dtype=dtype)
+            self.reward_model.eval().requires_grad_(False)
+        else:
+            from quartet.judges import load_reward_fn
+
+            self.fn = load_reward_fn(spec)
+
+    def __call__(self, prompts: list, responses: list[str]) -> torch.Tensor:
+        if self.reward_model is not None:
+            from quartet.data import render_conversation
+
+            tok = self.reward_model.tokenizer
+            texts = [render_conversation(tok, p, r) for p, r in zip(prompts, responses)]
+            scores = self.reward_model.score_texts(texts, batch_size=self.batch_size)
+        else:
+            scores = self.fn([prompt_text(p) for p in prompts], responses)
+        out = torch.tensor([float(s) for s in scores], dtype=torch.float32)
+        if out.shape[0] != len(responses):
+            raise ConfigError(f"reward '{self.spec}' returned {out.shape[0]} scores for {len(responses)} responses")
+        if not torch.isfinite(out).all():
+            bad = int((~torch.isfinite(out)).nonzero()[0])
+            raise ConfigError(f"reward '{self.spec}' returned a non-finite score ({out[bad].item()}) for response {bad}")
+        return out
+
+
+def prompt_text(prompt) -> str:
+    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return users[-1] if users else ""
+
+
+class RunningMoments:
+    """Running mean / std of scores over all rollouts so far (Chan et al. parallel update)."""
+
+    def __init__(self):
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.count) if self.count > 1 else 1.0
+
+    def update(self, x: torch.Tensor) -> None:
+        n = x.numel()
+        if n == 0:
+            return
+        batch_mean = x.double().mean().item()
+        batch_m2 = ((x.double() - batch_mean) ** 2).sum().item()
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        self.m2 += batch_m2 + delta**2 * self.count * n / total
+        self.count = total
+
+    def state_dict(self) -> dict:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+
+
+def shape_scores(
+    scores: torch.Tensor,
+    eos: torch.Tensor,
+    *,
+    missing_eos_penalty: float | None,
+    moments: RunningMoments | None,
+    clip: float | None,
+) -> torch.Tensor:
+    """Raw scores -> the scores PPO optimises: EOS penalty, then running normalisation, then clipping.
+
+    scores: (B,), eos: (B,) bool. Responses cut at max_new_tokens lose `missing_eos_penalty`.
+    """
+    out = scores.clone()
+    if missing_eos_penalty is not None:
+        out[~eos] -= missing_eos_penalty
+    if moments is not None:
+        moments.update(out)
+        out = (out - moments.mean) / max(moments.std, 1e-6)
+    if clip is not None:
+        out = out.clamp(-clip, clip)
+    return out

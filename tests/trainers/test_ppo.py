@@ -1,0 +1,166 @@
+"""PPO trainer: the KL-regularised closed form, learning on tiny-target, exact resume, weights and roles."""
+
+from __future__ import annotations
+
+import json
+import math
+import string
+
+import pytest
+import torch
+
+from quartet.config import PPOConfig, from_dict
+from quartet.trainers.ppo import PPOTrainer
+
+TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
+
+
+def make_cfg(tmp_path, **overrides) -> PPOConfig:
+    base = {
+        "policy": TINY,
+        "reward": "task:tiny-target",
+        "prompts": {"path": "task:tiny-target/train", "max_prompt_tokens": 32},
+        "output_dir": str(tmp_path / "ppo"),
+        "iterations": 3,
+        "rollout_batch_size": 16,
+        "minibatch_size": 8,
+        "micro_batch_size": 4,
+        "ppo_epochs": 2,
+        "generation": {"max_new_tokens": 8, "batch_size": 16},
+        "optim": {"lr": 3e-3},
+        "precision": "fp32",
+        "critic": "shared",
+    }
+    for key, value in overrides.items():
+        node = base
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return from_dict(PPOConfig, base)
+
+
+def _params(module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+# ---------------------------------------------------------------------------- closed form
+def _exact_objective(trainer: PPOTrainer, beta: float) -> tuple[float, float, float]:
+    """J(pi), J*, J(pi_ref) for one-token responses to the single prompt, from exact softmaxes."""
+    tok = trainer.roles.tokenizer
+    ids = torch.tensor([trainer.prompt_ids[0]])
+    with torch.no_grad():
+        logits = trainer.roles.actor(input_ids=ids).logits[0, -1].double()
+        ref_logits = trainer.roles.reference(input_ids=ids).logits[0, -1].double()
+    logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+    texts = [tok.decode([a], skip_special_tokens=True).strip() for a in range(logits.shape[0])]
+    r = torch.tensor([1.0 if len(t) == 1 and t in string.ascii_lowercase else 0.0 for t in texts], dtype=torch.float64)
+    p = logp.exp()
+    j = float((p * r).sum() - beta * (p * (logp - ref_logp)).sum())
+    j_star = float(beta * torch.logsumexp(ref_logp + r / beta, dim=0))
+    j_ref = float((ref_logp.exp() * r).sum())
+    return j, j_star, j_ref
+
+
+def test_ppo_reaches_the_kl_regularised_optimum(tmp_path):
+    """One-token responses with reward table r(a): pi* ~ pi_ref * exp(r / beta), J* = beta log E_ref[exp(r / beta)]."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": "pick"}) + "\n" for _ in range(64)))
+    beta = 0.5
+    cfg = make_cfg(
+        tmp_path,
+        reward="ppo_rewards:letter",
+        **{"prompts.path": str(prompts)},
+        critic="separate",
+        reference=TINY,
+        iterations=40,
+        rollout_batch_size=64,
+        minibatch_size=32,
+        micro_batch_size=32,
+        ppo_epochs=4,
+        kl_coef=beta,
+        **{"generation.max_new_tokens": 1, "generation.batch_size": 64, "optim.lr": 1e-2, "critic_lr": 1e-2},
+    )
+    trainer = PPOTrainer(cfg, progress=False)
+    j0, j_star, j_ref = _exact_objective(trainer, beta)
+    assert j0 == pytest.approx(j_ref)
+    trainer.train()
+    j, j_star, _ = _exact_objective(trainer, beta)
+    gap = abs(j_star - j_ref)
+    assert j >= j_star - 0.05 * gap, f"J={j:.4f} J*={j_star:.4f} J_ref={j_ref:.4f}"
+
+
+# ---------------------------------------------------------------------------- learning
+def test_ppo_learns_tiny_target_and_only_trains_actor_and_critic(tmp_path):
+    cfg = make_cfg(tmp_path, iterations=25, rollout_batch_size=32, minibatch_size=16, micro_batch_size=16,
+                   ppo_epochs=4, critic="separate", reference=TINY, **{"generation.batch_size": 32})
+    trainer = PPOTrainer(cfg, progress=False)
+    actor0, critic0, ref0 = (_params(m) for m in (trainer.roles.actor, trainer.roles.critic, trainer.roles.reference))
+    result = trainer.train()
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    scores = [r["objective/score"] for r in records]
+    assert len(records) == 25
+    assert all(math.isfinite(v) for r in records for v in r.values() if isinstance(v, float))
+    assert sum(scores[:3]) / 3 < 0.1
+    assert sum(scores[-3:]) / 3 > 0.5, scores
+    assert any(not torch.equal(actor0[n], p) for n, p in trainer.roles.actor.named_parameters())
+    assert any(not torch.equal(critic0[n], p) for n, p in trainer.roles.critic.named_parameters())
+    assert all(torch.equal(ref0[n], p) for n, p in trainer.roles.reference.named_parameters())
+    assert (result.model_dir / "model.safetensors").is_file()
+
+
+def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp_path):
+    cfg = make_cfg(tmp_path, iterations=2, **{"lora.enabled": True, "lora.r": 4})
+    trainer = PPOTrainer(cfg, progress=False)
+    assert trainer.roles.reference is None
+    base0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if not p.requires_grad}
+    lora0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if p.requires_grad}
+    metrics = trainer.step(1)
+    # before any update the actor equals its reference: KL is exactly zero
+    assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-6)
+    trainer.step(2)
+    named = dict(trainer.roles.actor.named_parameters())
+    assert all(torch.equal(base0[n], named[n]) for n in base0)
+    assert any(not torch.equal(lora0[n], named[n]) for n in lora0)
+
+
+# ---------------------------------------------------------------------------- resume
+def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
+    common = dict(iterations=4, save_every=2, critic="separate", reference=TINY, reward_norm=True, adaptive_kl=True)
+    full = PPOTrainer(make_cfg(tmp_path / "a", **common), progress=False).train()
+
+    crashing = PPOTrainer(make_cfg(tmp_path / "b", **common), progress=False)
+    real_step = crashing.step
+
+    def step(iteration):
+        if iteration == 3:
+            raise KeyboardInterrupt
+        return real_step(iteration)
+
+    monkeypatch.setattr(crashing, "step", step)
+    with pytest.raises(KeyboardInterrupt):
+        crashing.train()
+    resumed = PPOTrainer(make_cfg(tmp_path / "b", **common), resume=True, progress=False)
+    assert resumed.start_iteration == 2
+    resumed.train()
+
+    def steps(run_dir):
+        out = {}
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            out[rec["step"]] = {k: v for k, v in rec.items() if not k.startswith(("timing/", "memory/", "time"))}
+        return out
+
+    a, b = steps(full.run_dir), steps(tmp_path / "b" / "ppo")
+    assert sorted(b) == [1, 2, 3, 4]
+    for it in (3, 4):
+        assert a[it] == b[it], it
+
+
+def test_existing_run_needs_resume(tmp_path):
+    cfg = make_cfg(tmp_path, iterations=1)
+    PPOTrainer(cfg, progress=False).train()
+    from quartet.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--resume"):
+        PPOTrainer(cfg, progress=False)
