@@ -1,0 +1,578 @@
+"""`quartet eval`: compare checkpoints on one fixed prompt set with fixed sampling, reproducibly.
+
+Every checkpoint answers the same prompts with the same settings and the same random numbers; each
+response then gets (the per-response keys of ``samples.jsonl``):
+
+    gold      the gold judge (default: the task's judge when the prompts are ``task:<name>/<split>``)
+    rm        the reward model's score (only with ``reward_model``)
+    kl        sum over response tokens of log pi(y_t) - log pi_ref(y_t): the sequence log-ratio, whose
+              mean over samples from pi estimates KL(pi || pi_ref) per sequence without bias (k1)
+    kl_full   sum over response positions of the full-vocabulary KL(pi(.|prefix) || pi_ref(.|prefix)):
+              the same expectation (chain rule), never negative and with lower variance
+    length    response tokens, the EOS token included
+    eos       the response ended with EOS rather than being cut at ``max_new_tokens``
+
+Per checkpoint (``eval.json``): ``{"mean", "lo", "hi"}`` (95% bootstrap CI over prompts) for gold, rm,
+kl, kl_full, length; plain numbers for eos_rate, distinct_1, distinct_2 (over response tokens), repetition;
+and against the baseline, judged by gold when there is a judge, else by rm: win_rate (ties count half) and
+score_diff (paired-bootstrap CI of the mean score difference).
+
+Sampling. Sample j of prompt i is drawn by inverse-CDF from uniforms of its own generator, seeded with
+``sample_seed(seed, i, j)``: it depends on the model, the prompt and that seed only, not on batching or on
+which other prompts and checkpoints run, so two checkpoints see the same random numbers (a paired
+comparison) and a sample from ``samples.jsonl`` is replayed by :func:`sample_responses` on its prompt alone.
+Logits are divided by ``temperature`` (0 = greedy); ``top_p`` < 1 samples from the nucleus only. Sampling
+runs in ``sample_dtype`` (bf16 by default: several times faster on CPU), scoring always in float32.
+
+KL. Both log-probs are teacher-forced float32 forwards over the sampled tokens, with logits divided by the
+same temperature used for sampling (1 when greedy), so kl measures the distributions the samples came from;
+top-p truncation is not applied to them. KL needs the reference to share the checkpoint's tokenizer;
+otherwise it is reported as null with a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from quartet.algo import gather_logprobs
+from quartet.atomic import atomic_write_text
+from quartet.config import DataConfig
+from quartet.errors import ConfigError
+from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
+from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
+
+log = logging.getLogger("quartet")
+
+PER_SAMPLE = ("gold", "rm", "kl", "kl_full", "length")
+"""per-response numbers summarised with a bootstrap CI"""
+N_BOOT = 2000
+ALPHA = 0.05
+TIE_EPS = 1e-9
+"""two scores closer than this are a tie (half a win)"""
+
+
+@dataclass
+class EvalSettings:
+    prompts: str = "task:positive-review/eval"
+    """prompt set: any prompt file or `task:<name>/<split>`"""
+    num_prompts: int | None = None
+    """use the first N prompts"""
+    gold: str | None = None
+    """gold reward function spec; default: the task's judge for task prompts"""
+    reward_model: str | None = None
+    """reward model for the rm score"""
+    reference: str | None = None
+    """model the KL is measured against; default: the baseline"""
+    baseline: str | None = None
+    """checkpoint the others are compared with; default: the first"""
+    max_new_tokens: int = 48
+    temperature: float = 0.7
+    """sampling temperature; 0 = greedy"""
+    top_p: float = 1.0
+    seed: int = 0
+    samples_per_prompt: int = 1
+    max_prompt_tokens: int = 256
+    """longer prompts keep their last tokens"""
+    batch_size: int = 16
+    """prompts per sampling batch (results do not depend on it)"""
+    sample_dtype: str = "bf16"
+    """"bf16" or "fp32" weights for sampling; log-probs are always float32"""
+
+    def validate(self) -> None:
+        if self.num_prompts is not None and self.num_prompts <= 0:
+            raise ConfigError(f"num_prompts: must be > 0, got {self.num_prompts}")
+        for name in ("max_new_tokens", "samples_per_prompt", "max_prompt_tokens", "batch_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature: must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.sample_dtype not in DTYPES:
+            raise ConfigError(f"sample_dtype: must be one of {', '.join(DTYPES)}, got {self.sample_dtype!r}")
+
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+@dataclass
+class EvalResult:
+    checkpoints: dict[str, dict]
+    """name -> metric -> {"mean", "lo", "hi"} or a number (None when not measured)"""
+    baseline: str
+    settings: dict
+    samples: list[dict]
+    """one per (prompt, sample): {"prompt", "seed", name: response, name + "/gold": score, ...}"""
+    records: list[dict] = field(default_factory=list)
+    """samples.jsonl: one per (checkpoint, prompt, sample) with everything needed to replay it"""
+    timing: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "checkpoints": self.checkpoints,
+            "baseline": self.baseline,
+            "settings": self.settings,
+            "timing": self.timing,
+            "samples": self.samples,
+        }
+
+
+# --------------------------------------------------------------------------- entry points
+def evaluate(
+    checkpoints: list[str],
+    *,
+    prompts: str = "task:positive-review/eval",
+    num_prompts: int | None = None,
+    gold: str | None = None,
+    reward_model: str | None = None,
+    reference: str | None = None,
+    baseline: str | None = None,
+    max_new_tokens: int = 48,
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    seed: int = 0,
+    samples_per_prompt: int = 1,
+    out: str | Path | None = None,
+    max_prompt_tokens: int = 256,
+    batch_size: int = 16,
+    sample_dtype: str = "bf16",
+) -> EvalResult:
+    """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
+    :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
+    twice gets `#2`); a baseline that is not among `checkpoints` is evaluated too.
+
+    With `out`, writes `<out>/samples.jsonl` then `<out>/eval.json`, each atomically, and only after
+    everything succeeded: a bad name or a failing judge leaves no output behind.
+    """
+    s = EvalSettings(
+        prompts=prompts, num_prompts=num_prompts, gold=gold, reward_model=reward_model, reference=reference,
+        baseline=baseline, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+        samples_per_prompt=samples_per_prompt, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
+        sample_dtype=sample_dtype,
+    )  # fmt: skip
+    s.validate()
+    if not checkpoints:
+        raise ConfigError("eval: give at least one checkpoint")
+    names = _unique_names(checkpoints)
+    s.baseline = s.baseline or checkpoints[0]
+    s.reference = s.reference or s.baseline
+    s.gold = s.gold or _task_judge(s.prompts)
+    baseline_name = names[checkpoints.index(s.baseline)] if s.baseline in checkpoints else s.baseline
+
+    from quartet.data import load_prompts
+    from quartet.models import resolve_model
+
+    for name in dict.fromkeys([*checkpoints, s.baseline, s.reference]):
+        resolve_model(name)  # a bad name fails here, before minutes of sampling
+    examples = load_prompts(DataConfig(path=s.prompts, limit=s.num_prompts))
+    prompt_list = [ex.prompt for ex in examples]
+    gold_fn = _load_gold(s.gold) if s.gold else None
+    rm = _load_rm(s.reward_model) if s.reward_model else None
+
+    t0 = time.perf_counter()
+    ref_model, ref_tok = _load(s.reference)
+    models_by_path = {s.reference: (ref_model, ref_tok)}
+    runs: dict[str, dict] = {}
+    to_run = [(n, c) for n, c in zip(names, checkpoints)]
+    if s.baseline not in checkpoints:
+        to_run.insert(0, (baseline_name, s.baseline))
+    timing = {"load_reference": time.perf_counter() - t0}
+    for name, path in to_run:
+        t0 = time.perf_counter()
+        model, tok = models_by_path.get(path) or _load(path)
+        runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s)
+        if path != s.reference:
+            del model
+        _score(runs[name], prompt_list, gold_fn, rm)
+        timing[name] = time.perf_counter() - t0
+        log.info("eval %s: %d responses in %.1fs", name, len(runs[name]["responses"]), timing[name])
+
+    result = _summarise(runs, baseline_name, prompt_list, s)
+    result.timing = timing
+    if out is not None:
+        write_result(result, out)
+    return result
+
+
+def write_result(result: EvalResult, out: str | Path) -> None:
+    """`<out>/samples.jsonl` first, then `<out>/eval.json` (its presence means the eval is complete)."""
+    out = Path(out)
+    atomic_write_text(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in result.records))
+    atomic_write_text(out / "eval.json", json.dumps(result.to_dict(), indent=1) + "\n")
+
+
+def cli(args) -> int:
+    gold = f"task:{args.task}" if getattr(args, "task", None) else None
+    result = evaluate(
+        list(args.checkpoints),
+        prompts=args.prompts,
+        num_prompts=args.num_prompts,
+        gold=gold,
+        reward_model=args.reward_model,
+        reference=args.reference,
+        baseline=args.baseline,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        out=args.out,
+    )
+    print(format_table(result))
+    print()
+    print(format_samples(result))
+    print(f"\nwrote {Path(args.out) / 'eval.json'} and {Path(args.out) / 'samples.jsonl'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- sampling
+def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
+    """The seed of one sample: a hash, so nearby (seed, i, j) give unrelated random streams."""
+    digest = hashlib.blake2b(f"quartet-eval/{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+@torch.no_grad()
+def sample_responses(
+    model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    seeds: list[int],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    eos_id: int,
+    pad_id: int,
+    batch_size: int = 16,
+) -> torch.Tensor:
+    """Sample one response per left-padded prompt row; (B, P) -> response ids (B, R), pad after EOS.
+
+    Token t of row b is the inverse-CDF pick of uniform u[b, t] drawn from `torch.Generator(seeds[b])`,
+    so a row's response does not depend on the other rows it is batched with.
+    """
+    uniforms = torch.stack(
+        [torch.rand(max_new_tokens, generator=torch.Generator().manual_seed(sd), dtype=torch.float64) for sd in seeds]
+    )
+    chunks = []
+    for start in range(0, prompt_ids.shape[0], batch_size):
+        sl = slice(start, start + batch_size)
+        chunks.append(
+            _decode(model, prompt_ids[sl], prompt_mask[sl], uniforms[sl], temperature, top_p, eos_id, pad_id)
+        )
+    return torch.cat(chunks)
+
+
+def _decode(model, ids, mask, uniforms, temperature, top_p, eos_id, pad_id) -> torch.Tensor:
+    """KV-cached decoding loop; (b, P) -> (b, max_new_tokens), padded after each row's EOS."""
+    positions = position_ids_from_mask(mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    next_pos = positions[:, -1:] + 1
+    done = torch.zeros(ids.shape[0], dtype=torch.bool)
+    tokens = torch.full((ids.shape[0], uniforms.shape[1]), pad_id, dtype=torch.long)
+    for t in range(uniforms.shape[1]):
+        token = pick_tokens(out.logits[:, -1], uniforms[:, t], temperature, top_p)
+        tokens[:, t] = token.masked_fill(done, pad_id)
+        done |= token == eos_id
+        if bool(done.all()) or t == uniforms.shape[1] - 1:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        out = model(
+            input_ids=tokens[:, t : t + 1], attention_mask=mask, position_ids=next_pos,
+            past_key_values=out.past_key_values, use_cache=True,
+        )  # fmt: skip
+        next_pos = next_pos + 1
+    return tokens
+
+
+def pick_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """(b, V) logits, (b,) uniforms in [0, 1) -> (b,) tokens: the inverse CDF of softmax(logits / T).
+
+    temperature 0 is greedy. With top_p < 1 only the smallest set of most likely tokens whose mass
+    reaches top_p can be drawn (Holtzman et al. 2020).
+    """
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1).double()
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep a token if the mass before it is still short of top_p (the most likely is always kept)
+        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    cdf = probs.cumsum(dim=-1)
+    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
+    # the first token whose cumulative mass exceeds the target (zero-mass tokens are never picked)
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+
+
+# --------------------------------------------------------------------------- log-probs
+@torch.no_grad()
+def sequence_logprobs(
+    model,
+    ref_model,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    temperature: float,
+    batch_size: int = 8,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher-forced float32 log-probs of the response tokens under both models.
+
+    Logits are divided by `temperature` (1 when it is 0), as when sampling. Returns (B, R) each:
+    logprobs, ref_logprobs, and the full-vocabulary KL(model || ref) at every response position.
+    """
+    temp = temperature if temperature > 0 else 1.0
+    R = response_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, T)
+    attention_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
+    positions = position_ids_from_mask(attention_mask)
+    logprobs, ref_logprobs, kl_full = [], [], []
+    for start in range(0, input_ids.shape[0], batch_size):
+        sl = slice(start, start + batch_size)
+        logits = _response_logits(model, input_ids[sl], attention_mask[sl], positions[sl], R) / temp
+        ref_logits = (
+            logits if ref_model is model else _response_logits(ref_model, input_ids[sl], attention_mask[sl], positions[sl], R) / temp
+        )
+        logprobs.append(gather_logprobs(logits, response_ids[sl]))
+        ref_logprobs.append(gather_logprobs(ref_logits, response_ids[sl]))
+        logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
+        kl_full.append((logp.exp() * (logp - ref_logp)).sum(-1))
+    mask = response_mask.float()
+    return torch.cat(logprobs) * mask, torch.cat(ref_logprobs) * mask, torch.cat(kl_full) * mask
+
+
+def _response_logits(model, input_ids, attention_mask, positions, R: int) -> torch.Tensor:
+    """(b, T) -> float32 logits that predict the R response tokens, (b, R, V)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=R + 1)
+    return out.logits[:, :-1].float()
+
+
+# --------------------------------------------------------------------------- one checkpoint
+def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings) -> dict:
+    from quartet.data import encode_prompts, left_pad
+
+    enc = encode_prompts(tok, prompt_list, s.max_prompt_tokens, "left", True)
+    k = s.samples_per_prompt
+    rows = [(i, j) for i in range(len(prompt_list)) for j in range(k)]
+    seqs = [list(enc.input_ids[i]) for i, _ in rows]
+    prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
+    seeds = [sample_seed(s.seed, i, j) for i, j in rows]
+
+    sampler = model if s.sample_dtype == "fp32" else copy.deepcopy(model).to(DTYPES[s.sample_dtype])
+    response_ids = sample_responses(
+        sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+        top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,
+    )  # fmt: skip
+    del sampler
+    response_mask, eos = response_mask_from_ids(response_ids, tok.eos_token_id)
+    lengths = response_mask.sum(dim=1)
+    responses = [
+        tok.decode(ids[: int(n)], skip_special_tokens=True).strip() for ids, n in zip(response_ids.tolist(), lengths)
+    ]
+    token_lists = [ids[: int(n) - int(e)] for ids, n, e in zip(response_ids.tolist(), lengths, eos)]
+    run = {
+        "rows": rows,
+        "seeds": seeds,
+        "responses": responses,
+        "tokens": token_lists,
+        "length": [int(n) for n in lengths.tolist()],
+        "eos": eos.tolist(),
+        "kl": None,
+        "kl_full": None,
+    }
+    if model is ref_model:  # the reference itself: every log-ratio is 0, skip two float32 forwards
+        run["kl"] = run["kl_full"] = [0.0] * len(rows)
+    elif _same_vocab(tok, ref_tok):
+        logp, ref_logp, kl_full = sequence_logprobs(
+            model, ref_model, prompt_ids, prompt_mask, response_ids, response_mask, s.temperature
+        )
+        run["kl"] = (logp - ref_logp).sum(dim=1).tolist()
+        run["kl_full"] = kl_full.sum(dim=1).tolist()
+    else:
+        log.warning("eval: the reference's tokenizer differs from this checkpoint's; KL not measured")
+    return run
+
+
+def _score(run: dict, prompt_list, gold_fn, rm) -> None:
+    prompts = [prompt_list[i] for i, _ in run["rows"]]
+    run["gold"] = run["rm"] = None
+    if gold_fn is not None:
+        run["gold"] = _checked_scores(gold_fn([_prompt_text(p) for p in prompts], run["responses"]), "gold judge", run)
+    if rm is not None:
+        from quartet.data import render_conversation
+
+        texts = [render_conversation(rm.tokenizer, p, r) for p, r in zip(prompts, run["responses"])]
+        run["rm"] = _checked_scores(rm.score_texts(texts, batch_size=16), "reward model", run)
+
+
+def _checked_scores(scores, what: str, run: dict) -> list[float]:
+    scores = [float(x) for x in scores]
+    if len(scores) != len(run["responses"]):
+        raise ConfigError(f"eval: the {what} returned {len(scores)} scores for {len(run['responses'])} responses")
+    bad = [i for i, x in enumerate(scores) if not math.isfinite(x)]
+    if bad:
+        raise ConfigError(f"eval: the {what} returned a non-finite score for response {bad[0]}")
+    return scores
+
+
+# --------------------------------------------------------------------------- summary
+def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSettings) -> EvalResult:
+    judge = "gold" if s.gold else "rm" if s.reward_model else None
+    k = s.samples_per_prompt
+    checkpoints = {}
+    for name, run in runs.items():
+        m: dict = {}
+        for key in PER_SAMPLE:
+            if run.get(key) is None:
+                m[key] = None
+                continue
+            mean, lo, hi = bootstrap_ci(_per_prompt(run[key], k), n_boot=N_BOOT, alpha=ALPHA, seed=s.seed)
+            m[key] = {"mean": mean, "lo": lo, "hi": hi}
+        m["eos_rate"] = sum(run["eos"]) / len(run["eos"])
+        m["distinct_1"] = distinct_n(run["tokens"], 1)
+        m["distinct_2"] = distinct_n(run["tokens"], 2)
+        m["repetition"] = mean_repetition_rate(run["tokens"])
+        if judge is not None:
+            a, b = run[judge], runs[baseline][judge]
+            m["win_rate"] = win_rate(a, b, tie_eps=TIE_EPS)
+            diff, lo, hi = paired_bootstrap_diff(_per_prompt(a, k), _per_prompt(b, k), n_boot=N_BOOT, alpha=ALPHA, seed=s.seed)
+            m["score_diff"] = {"mean": diff, "lo": lo, "hi": hi}
+        checkpoints[name] = m
+
+    samples, records = [], []
+    first = next(iter(runs.values()))
+    for r, (i, j) in enumerate(first["rows"]):
+        row = {"prompt": prompt_list[i], "prompt_index": i, "sample": j, "seed": first["seeds"][r]}
+        for name, run in runs.items():
+            row[name] = run["responses"][r]
+            for key in ("gold", "rm", "kl"):
+                if run.get(key) is not None:
+                    row[f"{name}/{key}"] = run[key][r]
+        samples.append(row)
+    for name, run in runs.items():
+        for r, (i, j) in enumerate(run["rows"]):
+            rec = {"checkpoint": name, "prompt_index": i, "sample": j, "seed": run["seeds"][r]}
+            rec.update({"prompt": prompt_list[i], "response": run["responses"][r]})
+            rec.update({key: run[key][r] for key in ("gold", "rm", "kl", "kl_full", "length", "eos") if run.get(key) is not None})
+            records.append(rec)
+    settings = asdict(s) | {"num_prompts": len(prompt_list), "judge": judge, "n_boot": N_BOOT, "alpha": ALPHA}
+    return EvalResult(checkpoints, baseline, settings, samples, records)
+
+
+def _per_prompt(values: list[float], k: int) -> list[float]:
+    """Average the k samples of each prompt: prompts, not samples, are the independent draws."""
+    return values if k == 1 else [sum(values[i : i + k]) / k for i in range(0, len(values), k)]
+
+
+# --------------------------------------------------------------------------- printing
+def format_table(result: EvalResult, names: dict[str, str] | None = None) -> str:
+    """Markdown table: one row per checkpoint, means with their 95% CIs; `names` relabels checkpoints."""
+    cols = [("gold", "gold"), ("rm", "RM"), ("kl", "KL"), ("kl_full", "KL (full)"), ("length", "length"),
+            ("eos_rate", "EOS"), ("distinct_2", "distinct-2"), ("repetition", "repetition"),
+            ("win_rate", "win rate"), ("score_diff", "score diff")]  # fmt: skip
+    present = [(k, t) for k, t in cols if any(m.get(k) is not None for m in result.checkpoints.values())]
+    lines = ["| checkpoint | " + " | ".join(t for _, t in present) + " |", "|---" * (len(present) + 1) + "|"]
+    for name, m in result.checkpoints.items():
+        mark = " (baseline)" if name == result.baseline else ""
+        lines.append(f"| {_label(name, names)}{mark} | " + " | ".join(_fmt(m.get(k)) for k, _ in present) + " |")
+    s = result.settings
+    lines.append("")
+    lines.append(
+        f"{s['num_prompts']} prompts x {s['samples_per_prompt']} from {s['prompts']}, temperature {s['temperature']}, "
+        f"top_p {s['top_p']}, {s['max_new_tokens']} new tokens, seed {s['seed']}; KL to {_label(s['reference'], names)}; "
+        f"95% bootstrap CIs; win rate and score diff by {s['judge'] or 'nothing'} vs {_label(result.baseline, names)}"
+    )
+    return "\n".join(lines)
+
+
+def format_samples(result: EvalResult, k: int = 3, names: dict[str, str] | None = None) -> str:
+    """The first k prompts with every checkpoint's response side by side (markdown)."""
+    judge = result.settings.get("judge")
+    blocks = []
+    for row in result.samples[:k]:
+        lines = [f"**prompt {row['prompt_index']}** (seed {row['seed']}): {_one_line(row['prompt'])}", ""]
+        lines += ["| checkpoint | " + (f"{judge} | " if judge else "") + "response |", "|---|---|" + ("---|" if judge else "")]
+        for name in result.checkpoints:
+            score = f"{row[f'{name}/{judge}']:.3f} | " if judge else ""
+            lines.append(f"| {_label(name, names)} | {score}{_one_line(row[name])} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _label(name: str, names: dict[str, str] | None) -> str:
+    return (names or {}).get(name, name)
+
+
+def _prompt_text(prompt) -> str:
+    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
+    if isinstance(prompt, str):
+        return prompt
+    users = [m["content"] for m in prompt if m["role"] == "user"]
+    return users[-1] if users else ""
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        return f"{value['mean']:.3f} [{value['lo']:.3f}, {value['hi']:.3f}]"
+    return f"{value:.3f}"
+
+
+def _one_line(text) -> str:
+    if not isinstance(text, str):
+        text = " / ".join(f"{m['role']}: {m['content']}" for m in text)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+# --------------------------------------------------------------------------- loading
+def _load(name: str):
+    from quartet.models import load_causal_lm
+
+    model, tok = load_causal_lm(name, dtype=torch.float32)
+    model.eval().requires_grad_(False)
+    return model, tok
+
+
+def _load_gold(spec: str):
+    from quartet.judges import load_reward_fn
+
+    return load_reward_fn(spec)
+
+
+def _load_rm(name: str):
+    from quartet.models import load_reward_model
+
+    rm = load_reward_model(name, dtype=torch.float32)
+    rm.eval().requires_grad_(False)
+    return rm
+
+
+def _task_judge(prompts: str) -> str | None:
+    """`task:<name>/<split>` -> `task:<name>` (its gold judge); other prompt sets have none by default."""
+    if prompts.startswith("task:"):
+        return "task:" + prompts[len("task:") :].split("/")[0]
+    return None
+
+
+def _same_vocab(tok, ref_tok) -> bool:
+    return tok is ref_tok or tok.get_vocab() == ref_tok.get_vocab()
+
+
+def _unique_names(checkpoints: list[str]) -> list[str]:
+    """The names results are keyed by; a checkpoint given twice gets `#2`, `#3`..."""
+    seen: dict[str, int] = {}
+    out = []
+    for c in checkpoints:
+        seen[c] = seen.get(c, 0) + 1
+        out.append(c if seen[c] == 1 else f"{c}#{seen[c]}")
+    return out

@@ -1,0 +1,192 @@
+"""quartet eval on tiny random models: reproducible, exact KL, fair win rate, clean failures."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quartet.data import encode_prompts, left_pad
+from quartet.errors import ModelError
+from quartet.eval.evaluate import (
+    evaluate,
+    format_samples,
+    format_table,
+    pick_tokens,
+    sample_responses,
+    sample_seed,
+    sequence_logprobs,
+)
+from quartet.models import load_causal_lm, load_reward_model, save_model, save_reward_model
+from quartet.tasks import get_task
+
+TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
+OTHER = TINY + "&seed=1"
+PROMPTS = "task:tiny-target/eval"
+FAST = dict(prompts=PROMPTS, num_prompts=6, max_new_tokens=10)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls: with 2 threads on a busy machine, OpenMP barriers cost 100x the arithmetic."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _numbers(result):
+    """Everything in eval.json except wall-clock timing."""
+    d = result.to_dict()
+    d.pop("timing")
+    return d
+
+
+def test_same_checkpoint_twice_gives_identical_numbers_and_even_win_rate(tmp_path):
+    first = evaluate([TINY, TINY], out=tmp_path / "a", **FAST)
+    again = evaluate([TINY, TINY], out=tmp_path / "b", **FAST)
+    assert json.dumps(_numbers(first)) == json.dumps(_numbers(again))
+    assert (tmp_path / "a" / "samples.jsonl").read_text() == (tmp_path / "b" / "samples.jsonl").read_text()
+
+    base, twin = first.checkpoints[TINY], first.checkpoints[TINY + "#2"]
+    assert base == twin
+    assert twin["win_rate"] == 0.5
+    assert twin["score_diff"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert twin["kl"]["mean"] == 0.0
+    for key in ("gold", "kl", "kl_full", "length"):
+        assert set(twin[key]) == {"mean", "lo", "hi"}
+    for key in ("eos_rate", "distinct_1", "distinct_2", "repetition"):
+        assert isinstance(twin[key], float)
+
+    saved = json.loads((tmp_path / "a" / "eval.json").read_text())
+    assert saved["baseline"] == TINY and set(saved["checkpoints"]) == {TINY, TINY + "#2"}
+    assert saved["settings"]["temperature"] == 0.7 and saved["settings"]["judge"] == "gold"
+    row = saved["samples"][0]
+    assert {"prompt", "seed", TINY, TINY + "/gold", TINY + "/kl"} <= set(row)
+    records = [json.loads(line) for line in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 6
+    assert records[0]["seed"] == sample_seed(0, 0, 0)
+
+
+def test_kl_to_the_same_weights_loaded_another_way_is_exactly_zero(tmp_path):
+    model, tok = load_causal_lm(TINY)
+    save_model(model, tok, tmp_path / "copy")
+    result = evaluate([TINY], reference=str(tmp_path / "copy"), **FAST)
+    m = result.checkpoints[TINY]
+    assert m["kl"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    assert m["kl_full"] == {"mean": 0.0, "lo": 0.0, "hi": 0.0}
+    other = evaluate([OTHER], reference=TINY, **FAST).checkpoints[OTHER]
+    assert other["kl_full"]["mean"] > 0 and other["kl"]["mean"] != 0
+
+
+def _slow_kl(model, ref, prompt, response, temperature):
+    """Per token, unpadded, no cache: sum_t log p(y_t) - log q(y_t), and sum_t KL(p_t || q_t)."""
+    kl, kl_full = 0.0, 0.0
+    for t in range(len(response)):
+        ids = torch.tensor([prompt + response[:t]])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, -1].double() / temperature, -1)
+        lq = torch.log_softmax(ref(input_ids=ids).logits[0, -1].double() / temperature, -1)
+        kl += (lp[response[t]] - lq[response[t]]).item()
+        kl_full += (lp.exp() * (lp - lq)).sum().item()
+    return kl, kl_full
+
+
+@torch.no_grad()
+def test_kl_to_another_model_matches_a_slow_per_token_loop():
+    model, tok = load_causal_lm(OTHER)
+    ref, _ = load_causal_lm(TINY)
+    prompts = get_task("tiny-target").prompts("eval")[:4]
+    enc = encode_prompts(tok, prompts, 64)
+    ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
+    temperature = 0.7
+    responses = sample_responses(
+        model, ids, mask, [sample_seed(0, i, 0) for i in range(4)], max_new_tokens=8, temperature=temperature,
+        top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+    )  # fmt: skip
+    response_mask = (responses != tok.pad_token_id).float()
+    logp, ref_logp, kl_full = sequence_logprobs(model, ref, ids, mask, responses, response_mask, temperature)
+    for b in range(4):
+        n = int(response_mask[b].sum())
+        want_kl, want_full = _slow_kl(model, ref, enc.input_ids[b], responses[b, :n].tolist(), temperature)
+        assert (logp[b] - ref_logp[b]).sum().item() == pytest.approx(want_kl, abs=1e-4)
+        assert kl_full[b].sum().item() == pytest.approx(want_full, abs=1e-4)
+        assert want_full > 0
+
+
+@torch.no_grad()
+def test_a_sample_replays_alone_from_its_seed():
+    model, tok = load_causal_lm(TINY)
+    prompts = get_task("tiny-target").prompts("eval")[:5]
+    enc = encode_prompts(tok, prompts, 64)
+    seeds = [sample_seed(3, i, 0) for i in range(5)]
+    kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.9, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
+    batch = sample_responses(model, ids, mask, seeds, batch_size=2, **kw)
+    for i in (0, 3):
+        one_ids, one_mask = left_pad([enc.input_ids[i]], tok.pad_token_id)
+        assert torch.equal(sample_responses(model, one_ids, one_mask, [seeds[i]], **kw)[0], batch[i])
+
+
+def test_pick_tokens_greedy_nucleus_and_inverse_cdf():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
+    assert pick_tokens(logits, torch.tensor([0.99]), temperature=0).item() == 1
+    assert pick_tokens(logits, torch.tensor([0.99]), temperature=1.0, top_p=0.5).item() == 1
+    # inverse CDF: [0, .1) -> 0, [.1, .7) -> 1, [.7, 1) -> 2; top_p .8 keeps tokens 1 and 2 (mass .9)
+    u = torch.tensor([0.05, 0.5, 0.8])
+    assert pick_tokens(logits.expand(3, 3), u, temperature=1.0).tolist() == [0, 1, 2]
+    assert pick_tokens(logits.expand(3, 3), u, temperature=1.0, top_p=0.8).tolist() == [1, 1, 2]
+
+
+def test_greedy_with_two_samples_per_prompt_and_a_reward_model(tmp_path):
+    rm = load_reward_model(TINY)
+    save_reward_model(rm, tmp_path / "rm")
+    prompts = tmp_path / "prompts.jsonl"  # not a task: no gold judge, so the RM judges the win rate
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["abc", "hello", "xyz"]))
+    result = evaluate(
+        [TINY, OTHER], prompts=str(prompts), max_new_tokens=6, temperature=0, samples_per_prompt=2,
+        reward_model=str(tmp_path / "rm"), baseline=OTHER,
+    )  # fmt: skip
+    assert result.settings["judge"] == "rm" and result.settings["gold"] is None
+    assert result.baseline == OTHER and result.settings["reference"] == OTHER
+    assert len(result.samples) == 6
+    for a, b in zip(result.samples[::2], result.samples[1::2]):  # greedy: both samples of a prompt agree
+        assert a[TINY] == b[TINY] and a["seed"] != b["seed"]
+    m = result.checkpoints[TINY]
+    assert m["rm"] is not None and 0.0 <= m["win_rate"] <= 1.0
+    assert result.checkpoints[OTHER]["win_rate"] == 0.5
+    table = format_table(result, names={TINY: "PPO", OTHER: "SFT"})
+    assert "| SFT (baseline) |" in table and "| PPO |" in table and "RM" in table
+    assert "gold" not in table.splitlines()[0]
+    assert format_samples(result, k=2).count("**prompt") == 2
+
+
+def test_bad_checkpoint_name_is_one_line_error_and_writes_nothing(tmp_path):
+    out = tmp_path / "eval"
+    with pytest.raises(ModelError) as e:
+        evaluate([TINY, str(tmp_path / "no-such-model")], out=out, **FAST)
+    assert "no-such-model" in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def _cli(*args):
+    cmd = [sys.executable, "-m", "quartet.cli", "eval", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_cli_eval_writes_results_and_prints_the_table(tmp_path):
+    out = tmp_path / "eval"
+    run = _cli(TINY, OTHER, "--prompts", PROMPTS, "--num-prompts", "4", "--max-new-tokens", "6", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert "| checkpoint |" in run.stdout and "(baseline)" in run.stdout
+    data = json.loads((out / "eval.json").read_text())
+    assert data["baseline"] == TINY and set(data["checkpoints"]) == {TINY, OTHER}
+    assert data["settings"]["max_new_tokens"] == 6 and data["settings"]["gold"] == "task:tiny-target"
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 8
+
+    bad = _cli(TINY, "--baseline", "tiny:nope", "--num-prompts", "2", "--out", str(tmp_path / "bad"))
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()
