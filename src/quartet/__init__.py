@@ -4,4 +4,15 @@ __version__ = "0.1.0"
 
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
 
-__all__ = ["ConfigError", "DataError", "ModelError", "QuartetError", "__version__"]
+__all__ = ["ConfigError", "DataError", "ModelError", "PPOConfig", "PPOTrainer", "QuartetError", "__version__"]
+
+_LAZY = {"PPOTrainer": "quartet.trainers.ppo", "PPOConfig": "quartet.config"}
+
+
+def __getattr__(name: str):
+    """`quartet.PPOTrainer` / `quartet.PPOConfig` without importing torch at `import quartet`."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'quartet' has no attribute {name!r}")

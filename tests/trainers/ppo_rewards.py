@@ -1,6 +1,7 @@
 """Reward callables the PPO tests name as `ppo_rewards:<function>` (importable: pytest puts this folder on sys.path)."""
 
 import string
+from collections import Counter
 
 
 def letter(prompts, responses):
@@ -8,6 +9,6 @@ def letter(prompts, responses):
     return [1.0 if len(r) == 1 and r in string.ascii_lowercase else 0.0 for r in responses]
 
 
-def repeated_z(prompts, responses):
-    """Pays for every 'z': a hackable reward that a policy maximises by repeating one token."""
-    return [r.count("z") / 8.0 for r in responses]
+def repeated_char(prompts, responses):
+    """Pays for the count of the response's most common character: maximised by repeating one token."""
+    return [max(Counter(r).values()) / 12.0 if r else 0.0 for r in responses]

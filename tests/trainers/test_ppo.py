@@ -164,3 +164,18 @@ def test_existing_run_needs_resume(tmp_path):
 
     with pytest.raises(ConfigError, match="--resume"):
         PPOTrainer(cfg, progress=False)
+
+
+# ---------------------------------------------------------------------------- live doctor
+def test_reward_hacking_is_flagged_and_stop_on_ends_the_run(tmp_path):
+    """beta = 0 and a reward that pays for repeating one character: the doctor sees distinct-n fall as score rises."""
+    cfg = make_cfg(tmp_path, reward="ppo_rewards:repeated_char", kl_coef=0.0, iterations=40,
+                   rollout_batch_size=32, minibatch_size=16, micro_batch_size=16, ppo_epochs=4,
+                   stop_on=["reward_hacking_repetition"],
+                   **{"generation.batch_size": 32, "generation.max_new_tokens": 12, "optim.lr": 1e-2})
+    result = PPOTrainer(cfg, progress=False).train()
+    assert result.stopped_by is not None and "reward_hacking_repetition" in result.stopped_by
+    assert result.iterations < 40
+    findings = [json.loads(line) for line in (result.run_dir / "findings.jsonl").read_text().splitlines()]
+    assert "reward_hacking_repetition" in {f["rule"] for f in findings}
+    assert (result.run_dir / "model" / "model.safetensors").is_file()
