@@ -27,7 +27,7 @@ from quartet.errors import DataError
 from quartet.judges import load_reward_fn
 from quartet.models import load_causal_lm, load_reward_model
 from quartet.monitor import Progress
-from quartet.rollout.engine import HFEngine
+from quartet.rollout.engine import make_engine
 from quartet.trainers import loop
 
 log = logging.getLogger("quartet")
@@ -71,7 +71,7 @@ def label(cfg: LabelConfig) -> LabelResult:
     encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
                              cfg.prompts.chat_template, where=cfg.prompts.path)
     prompts = [examples[i].prompt for i in encoded.kept]
-    engine = HFEngine(model, tok, cfg.generation, dtype=loop.generation_dtype("auto"))
+    engine = make_engine(model, tok, cfg.generation, loop.generation_dtype("auto"))
     del model  # the engine holds its own low-precision copy
 
     # 2. sample K answers per prompt and score them, a batch of prompts at a time

@@ -1,19 +1,22 @@
 """Small pieces the SFT and reward-model recipes share; not a framework.
 
 Each trainer owns its loop. From here it takes: an `Accelerator` (bf16 autocast where the hardware
-has it, fp32 master weights), AdamW with warmup + decay, the optimizer-step count, a seeded
-train/eval split, a shuffled loader, the optimizer step (clip + step + schedule), and the
-one-screen summary.
+has it, fp32 master weights), the run directory (atomic, main process only), AdamW with warmup +
+decay, the optimizer-step count, a seeded train/eval split, a shuffled loader, the optimizer step
+(clip + step + schedule), and the one-screen summary.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import random
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -21,6 +24,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from quartet.atomic import atomic_dir
 from quartet.config import OptimConfig
 from quartet.errors import ConfigError, DataError
 
@@ -62,6 +66,21 @@ def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
 def generation_dtype(precision: str) -> torch.dtype:
     """Dtype of a sampling copy of a model (see quartet.rollout.engine)."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision(precision), torch.float32)
+
+
+@contextlib.contextmanager
+def run_dir(output_dir: str, accelerator: Accelerator) -> Iterator[Path]:
+    """The run directory to write into: on the main process a temporary dir renamed onto `output_dir`
+    only when the block succeeds (so a crash leaves no half-written run); on other processes of a
+    multi-process launch a scratch dir that is thrown away."""
+    if accelerator.is_main_process:
+        with atomic_dir(output_dir) as tmp:
+            yield tmp
+            accelerator.wait_for_everyone()
+    else:
+        with tempfile.TemporaryDirectory(prefix="quartet-rank-") as tmp:
+            yield Path(tmp)
+            accelerator.wait_for_everyone()
 
 
 def seed_everything(seed: int) -> None:

@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quartet.atomic import atomic_dir, atomic_write_text
+from quartet.atomic import atomic_write_text
 from quartet.config import RewardConfig, load_config, save_config, validate
 from quartet.data import encode_pairs, encode_prompts, left_pad, load_preferences, load_prompts, right_pad
 from quartet.errors import DataError
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
-from quartet.rollout.engine import HFEngine
+from quartet.rollout.engine import make_engine
 from quartet.trainers import loop
 
 log = logging.getLogger("quartet")
@@ -94,7 +94,7 @@ def train_reward(cfg: RewardConfig) -> RewardResult:
     rm, optimizer, train_loader, scheduler = accelerator.prepare(rm, optimizer, train_loader, scheduler)
     trainable, n_params = loop.count_parameters(rm)
 
-    with atomic_dir(cfg.output_dir) as run_dir:
+    with loop.run_dir(cfg.output_dir, accelerator) as run_dir:
         save_config(cfg, run_dir / "config.yaml")
         metrics = MetricsLogger(run_dir, "rm")
         try:
@@ -119,7 +119,8 @@ def train_reward(cfg: RewardConfig) -> RewardResult:
         atomic_write_text(run_dir / "calibration.json", json.dumps(report, indent=2) + "\n")
         summary = _summary(cfg, result, len(train_rows), len(eval_rows), max_len, trainable, n_params)
         atomic_write_text(run_dir / "summary.md", summary)
-    print(summary)
+    if accelerator.is_main_process:
+        print(summary)
     return result
 
 
@@ -244,7 +245,7 @@ def _sample(cfg: RewardConfig, prompts: list) -> list[str]:
     model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
     pcfg = cfg.normalize_prompts or cfg.data
     enc = encode_prompts(tok, prompts, pcfg.max_prompt_tokens, "left", pcfg.chat_template, where="normalize_prompts")
-    engine = HFEngine(model, tok, cfg.normalize_generation, dtype=loop.generation_dtype(cfg.precision))
+    engine = make_engine(model, tok, cfg.normalize_generation, loop.generation_dtype(cfg.precision))
     del model
     ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
     return engine.generate(ids, mask, seed=cfg.seed).responses

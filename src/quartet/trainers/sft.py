@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from quartet.atomic import atomic_dir, atomic_write_text
+from quartet.atomic import atomic_write_text
 from quartet.config import SFTConfig, load_config, save_config, validate
 from quartet.data import IGNORE_INDEX, encode_sft, load_sft, right_pad
 from quartet.errors import DataError
@@ -68,7 +68,7 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
     trainable, n_params = loop.count_parameters(model)
 
     # 3. train into a temporary run dir that replaces output_dir only when complete
-    with atomic_dir(cfg.output_dir) as run_dir:
+    with loop.run_dir(cfg.output_dir, accelerator) as run_dir:
         save_config(cfg, run_dir / "config.yaml")
         metrics = MetricsLogger(run_dir, "sft")
         try:
@@ -122,7 +122,8 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
             },
         )
         atomic_write_text(run_dir / "summary.md", summary)
-    print(summary)
+    if accelerator.is_main_process:
+        print(summary)
     return result
 
 
