@@ -21,6 +21,8 @@ Sampling. Sample j of prompt i is drawn by inverse-CDF from uniforms of its own 
 ``sample_seed(seed, i, j)``: it depends on the model, the prompt and that seed only, not on batching or on
 which other prompts and checkpoints run, so two checkpoints see the same random numbers (a paired
 comparison) and a sample from ``samples.jsonl`` is replayed by :func:`sample_responses` on its prompt alone.
+Re-running gives bit-identical numbers with the same torch version and thread count (both are recorded in
+the settings): another thread count changes float reduction order, which can flip a sampled token.
 Logits are divided by ``temperature`` (0 = greedy); ``top_p`` < 1 samples from the nucleus only. Sampling
 runs in ``sample_dtype`` (bf16 by default: several times faster on CPU), scoring always in float32.
 
@@ -465,6 +467,9 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSetting
             rec.update({key: run[key][r] for key in ("gold", "rm", "kl", "kl_full", "length", "eos") if run.get(key) is not None})
             records.append(rec)
     settings = asdict(s) | {"num_prompts": len(prompt_list), "judge": judge, "n_boot": N_BOOT, "alpha": ALPHA}
+    # numbers are bit-identical on re-runs with the same torch and thread count; another thread count
+    # changes float reduction order, which can flip a sampled token
+    settings |= {"torch": torch.__version__, "threads": torch.get_num_threads()}
     return EvalResult(checkpoints, baseline, settings, samples, records)
 
 
