@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
+import torch
+
+# Tests run tiny models, where one thread beats two (no OpenMP hand-offs), and one thread keeps numbers
+# identical across machines; subprocess tests inherit it through OMP_NUM_THREADS.
+_THREADS = int(os.environ.get("QUARTET_TEST_THREADS", "1"))
+os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+torch.set_num_threads(_THREADS)
 
 TINY_LM = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 

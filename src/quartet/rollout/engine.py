@@ -129,8 +129,11 @@ def _no_init():
 
 
 def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype) -> GenerationEngine:
-    if gen_cfg.engine == "vllm":
-        from quartet.rollout.vllm_engine import VLLMEngine  # optional extra, GPU only
+    if gen_cfg.engine != "hf":
+        from quartet.errors import ConfigError
 
-        return VLLMEngine(actor, tokenizer, gen_cfg)
+        raise ConfigError(
+            f"generation.engine: '{gen_cfg.engine}' has no engine in this version yet (the interface is "
+            f"GenerationEngine in quartet.rollout.engine); use 'hf'"
+        )
     return HFEngine(actor, tokenizer, gen_cfg, dtype)
