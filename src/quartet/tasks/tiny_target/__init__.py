@@ -2,7 +2,8 @@
 
 Prompts are short random lowercase strings (``python -m quartet.tasks.tiny_target.build`` writes
 them); the gold judge is the fraction of response characters that are in :data:`TARGET_CHARS`.
-A policy maximises it by answering with the letter "a" only.
+A policy maximises it by answering with "a" and digits only (none of them appear in the prompts, so
+copying the prompt earns nothing; 11 of the 256 byte tokens score, so a random byte model finds them).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from quartet.tasks import Task
 
-TARGET_CHARS = frozenset("a")
+TARGET_CHARS = frozenset("a0123456789")
 """characters that score; the judge is the share of response characters in this set"""
 
 
@@ -22,7 +23,7 @@ def judge(prompts: list[str], responses: list[str]) -> list[float]:
 
 TASK = Task(
     name="tiny-target",
-    description="Random-letter prompts; gold reward = fraction of response characters that are 'a' (in [0, 1]).",
+    description="Random-letter prompts; gold reward = fraction of response characters that are 'a' or a digit (in [0, 1]).",
     judge=judge,
     data_dir=Path(__file__).parent,
     splits=("train", "eval"),
