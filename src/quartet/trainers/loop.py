@@ -59,7 +59,15 @@ def mixed_precision(precision: str) -> str:
 
 
 def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
-    """Autocast in the compute dtype; weights and optimizer state stay fp32."""
+    """Autocast in the compute dtype; weights and optimizer state stay fp32.
+
+    accelerate keeps its state in a process-wide singleton; stages run one after another in one process
+    (`quartet run`) may use different precisions, so the mixed-precision part is reset first (the
+    distributed part, set up by `accelerate launch`, is kept).
+    """
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
     return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum)
 
 

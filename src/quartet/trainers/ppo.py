@@ -46,7 +46,7 @@ from quartet.rollout.engine import make_engine
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import RunningMoments, shape_scores
 from quartet.trainers import checkpoint as ckpt
-from quartet.trainers.loop import mixed_precision
+from quartet.trainers.loop import make_accelerator
 from quartet.trainers.ppo_roles import build_roles, critic_forward, policy_forward, reference_model
 
 log = logging.getLogger("quartet")
@@ -83,7 +83,7 @@ class PPOTrainer:
 
         self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
         torch.manual_seed(cfg.seed)
-        self.accelerator = Accelerator(mixed_precision=mixed_precision(cfg.precision))
+        self.accelerator = make_accelerator(cfg.precision, grad_accum=1)  # accumulation is done by hand
         self.roles = build_roles(cfg)
         tok = self.roles.tokenizer
 
