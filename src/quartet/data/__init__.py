@@ -26,9 +26,16 @@ from quartet.data.schemas import (
     load_prompts,
     load_sft,
 )
-from quartet.data.templates import has_chat_template, render_conversation, render_prompt, split_conversation
+from quartet.data.templates import (
+    has_chat_template,
+    prompt_text,
+    render_conversation,
+    render_prompt,
+    split_conversation,
+)
 
 __all__ = [
+    "prompt_text",
     "IGNORE_INDEX",
     "EncodedPrompts",
     "EncodedSFT",

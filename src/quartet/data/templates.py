@@ -29,6 +29,13 @@ def as_messages(prompt: Prompt) -> list[dict]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
 
 
+def prompt_text(prompt: Prompt) -> str:
+    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+
+
 def render_prompt(tokenizer, prompt: Prompt, chat_template: bool = True) -> str:
     """The text a policy continues: chat-templated with the generation prompt, or plain."""
     if uses_template(tokenizer, chat_template):

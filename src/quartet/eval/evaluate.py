@@ -408,7 +408,9 @@ def _score(run: dict, prompt_list, gold_fn, rm) -> None:
     prompts = [prompt_list[i] for i, _ in run["rows"]]
     run["gold"] = run["rm"] = None
     if gold_fn is not None:
-        run["gold"] = _checked_scores(gold_fn([_prompt_text(p) for p in prompts], run["responses"]), "gold judge", run)
+        from quartet.data import prompt_text
+
+        run["gold"] = _checked_scores(gold_fn([prompt_text(p) for p in prompts], run["responses"]), "gold judge", run)
     if rm is not None:
         from quartet.data import render_conversation
 
@@ -515,14 +517,6 @@ def format_samples(result: EvalResult, k: int = 3, names: dict[str, str] | None 
 
 def _label(name: str, names: dict[str, str] | None) -> str:
     return (names or {}).get(name, name)
-
-
-def _prompt_text(prompt) -> str:
-    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
-    if isinstance(prompt, str):
-        return prompt
-    users = [m["content"] for m in prompt if m["role"] == "user"]
-    return users[-1] if users else ""
 
 
 def _fmt(value) -> str:

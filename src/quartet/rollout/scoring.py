@@ -51,6 +51,8 @@ class Scorer:
             texts = [render_conversation(tok, p, r) for p, r in zip(prompts, responses)]
             scores = self.reward_model.score_texts(texts, batch_size=self.batch_size)
         else:
+            from quartet.data import prompt_text
+
             scores = self.fn([prompt_text(p) for p in prompts], responses)
         out = torch.tensor([float(s) for s in scores], dtype=torch.float32)
         if out.shape[0] != len(responses):
@@ -59,14 +61,6 @@ class Scorer:
             bad = int((~torch.isfinite(out)).nonzero()[0])
             raise ConfigError(f"reward '{self.spec}' returned a non-finite score ({out[bad].item()}) for response {bad}")
         return out
-
-
-def prompt_text(prompt) -> str:
-    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
-    if isinstance(prompt, str):
-        return prompt
-    users = [m["content"] for m in prompt if m["role"] == "user"]
-    return users[-1] if users else ""
 
 
 class RunningMoments:

@@ -22,12 +22,12 @@ import torch
 
 from quartet.atomic import atomic_write_text
 from quartet.config import LabelConfig, load_config, save_config, validate
-from quartet.data import encode_prompts, left_pad, load_prompts, render_conversation
+from quartet.data import encode_prompts, left_pad, load_prompts
 from quartet.errors import DataError
-from quartet.judges import load_reward_fn
-from quartet.models import load_causal_lm, load_reward_model
+from quartet.models import load_causal_lm
 from quartet.monitor import Progress
 from quartet.rollout.engine import make_engine
+from quartet.rollout.scoring import Scorer
 from quartet.trainers import loop
 
 log = logging.getLogger("quartet")
@@ -66,7 +66,7 @@ def label(cfg: LabelConfig) -> LabelResult:
     timer = loop.Timer()
     # 1. inputs first, so a bad file or judge fails before any sampling
     examples = load_prompts(cfg.prompts)
-    judge = make_judge(cfg.judge)
+    judge = Scorer(cfg.judge)  # reward model (any tokenizer) or reward function
     model, tok = load_causal_lm(cfg.policy, torch.float32)
     encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
                              cfg.prompts.chat_template, where=cfg.prompts.path)
@@ -85,7 +85,7 @@ def label(cfg: LabelConfig) -> LabelResult:
                              tok.pad_token_id)
         rollout = engine.generate(ids, mask, seed=cfg.seed + start)
         answers = rollout.responses
-        scores = judge([prompts[i] for i in chunk for _ in range(cfg.num_samples)], answers)
+        scores = judge([prompts[i] for i in chunk for _ in range(cfg.num_samples)], answers).tolist()
         all_scores += scores
         for j, i in enumerate(chunk):
             k = slice(j * cfg.num_samples, (j + 1) * cfg.num_samples)
@@ -162,27 +162,6 @@ def make_pairs(answers: list[str], scores: list[float], pairing: str, min_gap: f
             continue
         pairs.append((hi_text, lo_text, hi, lo))
     return pairs
-
-
-def make_judge(spec: str):
-    """`(prompts, responses) -> scores` from a reward-function spec or a reward-model dir / `minilm`."""
-    if spec == "minilm" or Path(spec).is_dir():
-        rm = load_reward_model(spec)
-
-        def score_with_rm(prompts, responses):
-            texts = [render_conversation(rm.tokenizer, p, r) for p, r in zip(prompts, responses)]
-            return rm.score_texts(texts)
-
-        return score_with_rm
-    fn = load_reward_fn(spec)
-    return lambda prompts, responses: fn([_prompt_text(p) for p in prompts], responses)
-
-
-def _prompt_text(prompt) -> str:
-    """What a reward function reads as the prompt: the text, or the last user message of a chat."""
-    if isinstance(prompt, str):
-        return prompt
-    return next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
 
 
 def _sidecar(output: Path, suffix: str) -> Path:

@@ -413,7 +413,7 @@ class PPOTrainer:
         return out
 
     def _write_samples(self, iteration: int, ro: Rollout, scores: torch.Tensor, gold: torch.Tensor | None) -> None:
-        from quartet.rollout.scoring import prompt_text
+        from quartet.data import prompt_text
 
         lines = []
         for i in range(len(ro)):
