@@ -39,6 +39,8 @@ class EvalStageConfig:
     temperature: float = 0.7
     """sampling temperature of the evaluation (fixed seed, same for every checkpoint)"""
     seed: int = 0
+    batch_size: int = 16
+    """prompts decoded together (CPU decoding is memory-bound: a larger batch costs little more per step)"""
 
 
 @dataclass
@@ -194,6 +196,7 @@ def _evaluate(cfg: PipelineConfig, out: Path) -> None:
         max_new_tokens=cfg.eval.max_new_tokens,
         temperature=cfg.eval.temperature,
         seed=cfg.eval.seed,
+        batch_size=cfg.eval.batch_size,
         out=out / "eval",
     )
     names = {baseline: "SFT", ppo_model: "PPO"}

@@ -190,3 +190,15 @@ def test_cli_eval_writes_results_and_prints_the_table(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_sample_dtype_follows_the_hardware(monkeypatch, native, expected):
+    """bf16 sampling only where bf16 is native: emulated bf16 matmuls are 3-4x slower than fp32."""
+    from quartet.eval.evaluate import resolve_sample_dtype
+    from quartet.trainers import loop
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(loop, "cpu_has_bf16", lambda: native)
+    assert resolve_sample_dtype("auto") == expected
+    assert resolve_sample_dtype("fp32") == "fp32" and resolve_sample_dtype("bf16") == "bf16"

@@ -36,13 +36,18 @@ def test_critic_values_per_token_and_trainable():
     enc = _enc(critic.tokenizer)
     values = critic(enc["input_ids"], enc["attention_mask"])
     assert values.shape == enc["input_ids"].shape and values.dtype == torch.float32
+    assert torch.equal(values, torch.zeros_like(values))  # a fresh head starts at 0 (see ScalarHead)
     values.sum().backward()
-    assert critic.head.summary.weight.grad is not None
-    assert any(p.grad is not None for p in critic.backbone.parameters())
+    assert critic.head.summary.weight.grad.abs().sum() > 0
+    torch.nn.init.normal_(critic.head.summary.weight)  # once the head is non-zero, the backbone learns too
+    critic.zero_grad()
+    critic(enc["input_ids"], enc["attention_mask"]).sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in critic.backbone.parameters())
 
 
 def test_critic_save_load_roundtrip(tmp_path):
     critic = make_critic(TINY)
+    torch.nn.init.normal_(critic.head.summary.weight)  # not the all-zero fresh head
     out = save_critic(critic, tmp_path / "critic")
     again = load_critic(out)
     enc = _enc(critic.tokenizer)
@@ -93,3 +98,9 @@ def test_load_critic_needs_a_critic_dir(tmp_path):
 def test_value_head_for_actor(tiny_lm):
     head = value_head_for(tiny_lm[0])
     assert head.summary.in_features == hidden_size(tiny_lm[0]) == 32
+    # a fresh value head predicts 0 everywhere (explained variance starts at 0, not below) and still learns
+    hidden = torch.randn(4, 7, 32)
+    assert torch.equal(head(hidden), torch.zeros(4, 7))
+    loss = (head(hidden) - 1.0).pow(2).mean()
+    loss.backward()
+    assert head.summary.weight.grad.abs().sum() > 0

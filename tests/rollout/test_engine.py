@@ -46,3 +46,18 @@ def test_response_mask_keeps_eos_and_drops_what_follows():
     mask, eos = response_mask_from_ids(ids, eos_id=3)
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
     assert eos.tolist() == [True, False]
+
+
+def test_k_samples_share_one_prefill_and_match_repeated_prompts():
+    """num_samples=K prefills each prompt once; the samples equal those of the prompts repeated K times."""
+    model, tok = load_causal_lm(TINY)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=6, batch_size=6), dtype=torch.float32)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5], [0, 4, 4, 4, 4]])  # left-padded with pad id 0
+    mask = (ids != 0).long()
+    shared = engine.generate(ids, mask, seed=1, num_samples=3)
+    repeated = engine.generate(ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), seed=1)
+    assert shared.response_ids.shape[0] == 9 and torch.equal(shared.prompt_ids, ids.repeat_interleave(3, 0))
+    assert torch.equal(shared.response_ids, repeated.response_ids)
+    assert shared.responses == repeated.responses
+    # the K samples of a prompt differ (they are samples, not copies of one answer)
+    assert len({tuple(r.tolist()) for r in shared.response_ids[:3]}) > 1

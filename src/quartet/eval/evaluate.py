@@ -24,7 +24,10 @@ comparison) and a sample from ``samples.jsonl`` is replayed by :func:`sample_res
 Re-running gives bit-identical numbers with the same torch version and thread count (both are recorded in
 the settings): another thread count changes float reduction order, which can flip a sampled token.
 Logits are divided by ``temperature`` (0 = greedy); ``top_p`` < 1 samples from the nucleus only. Sampling
-runs in ``sample_dtype`` (bf16 by default: several times faster on CPU), scoring always in float32.
+runs in ``sample_dtype``, scoring always in float32. "auto" samples in bf16 where the hardware computes
+it natively (a GPU, or a CPU with AVX512-BF16/AMX: several times faster than fp32 there) and in fp32
+elsewhere (without those instructions bf16 matmuls are emulated, 3-4x slower than fp32); the dtype used
+is recorded in the settings.
 
 KL. Both log-probs are teacher-forced float32 forwards over the sampled tokens, with logits divided by the
 same temperature used for sampling (1 when greedy), so kl measures the distributions the samples came from;
@@ -86,8 +89,9 @@ class EvalSettings:
     """longer prompts keep their last tokens"""
     batch_size: int = 16
     """prompts per sampling batch (results do not depend on it)"""
-    sample_dtype: str = "bf16"
-    """"bf16" or "fp32" weights for sampling; log-probs are always float32"""
+    sample_dtype: str = "auto"
+    """"auto", "bf16" or "fp32" weights for sampling (auto: bf16 where the hardware has it); log-probs are
+    always float32"""
 
     def validate(self) -> None:
         if self.num_prompts is not None and self.num_prompts <= 0:
@@ -99,11 +103,20 @@ class EvalSettings:
             raise ConfigError(f"temperature: must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
-        if self.sample_dtype not in DTYPES:
-            raise ConfigError(f"sample_dtype: must be one of {', '.join(DTYPES)}, got {self.sample_dtype!r}")
+        if self.sample_dtype not in (*DTYPES, "auto"):
+            raise ConfigError(f"sample_dtype: must be one of auto, {', '.join(DTYPES)}, got {self.sample_dtype!r}")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def resolve_sample_dtype(name: str) -> str:
+    """"auto" -> "bf16" where the hardware computes bf16 natively, else "fp32"; other names unchanged."""
+    if name != "auto":
+        return name
+    from quartet.trainers.loop import generation_dtype
+
+    return "bf16" if generation_dtype("auto") == torch.bfloat16 else "fp32"
 
 
 @dataclass
@@ -146,7 +159,7 @@ def evaluate(
     out: str | Path | None = None,
     max_prompt_tokens: int = 256,
     batch_size: int = 16,
-    sample_dtype: str = "bf16",
+    sample_dtype: str = "auto",
 ) -> EvalResult:
     """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
     :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
@@ -369,7 +382,8 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings
     prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
     seeds = [sample_seed(s.seed, i, j) for i, j in rows]
 
-    sampler = model if s.sample_dtype == "fp32" else copy.deepcopy(model).to(DTYPES[s.sample_dtype])
+    dtype = resolve_sample_dtype(s.sample_dtype)
+    sampler = model if dtype == "fp32" else copy.deepcopy(model).to(DTYPES[dtype])
     response_ids = sample_responses(
         sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
         top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,
@@ -469,6 +483,7 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSetting
             rec.update({key: run[key][r] for key in ("gold", "rm", "kl", "kl_full", "length", "eos") if run.get(key) is not None})
             records.append(rec)
     settings = asdict(s) | {"num_prompts": len(prompt_list), "judge": judge, "n_boot": N_BOOT, "alpha": ALPHA}
+    settings["sample_dtype"] = resolve_sample_dtype(s.sample_dtype)
     # numbers are bit-identical on re-runs with the same torch and thread count; another thread count
     # changes float reduction order, which can flip a sampled token
     settings |= {"torch": torch.__version__, "threads": torch.get_num_threads()}

@@ -89,7 +89,7 @@ def make_critic(init: str, dtype: torch.dtype = torch.float32, *, trust_remote_c
     else:
         lm, tokenizer = load_causal_lm(init, dtype, trust_remote_code=trust_remote_code)
         backbone = lm.base_model
-        head = ScalarHead(hidden_size(lm))
+        head = ScalarHead(hidden_size(lm), init="zero")
     disable_dropout(backbone)
     return Critic(backbone, head, tokenizer, init=init)
 

@@ -14,15 +14,18 @@ from typing import Protocol
 import torch
 import transformers
 
-from quartet.rollout.record import Rollout, response_mask_from_ids
+from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
 
 class GenerationEngine(Protocol):
     def sync(self, actor: torch.nn.Module) -> None:
         """Copy the actor's current weights (LoRA merged) into the engine."""
 
-    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None) -> Rollout:
-        """Sample one response per left-padded prompt row."""
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1
+    ) -> Rollout:
+        """Sample `num_samples` responses per left-padded prompt row; row i's samples are rows
+        i * num_samples ... (i + 1) * num_samples - 1 of the Rollout."""
 
 
 def merged_state_dict(actor: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -83,15 +86,22 @@ class HFEngine:
             self.model.tie_weights()
 
     @torch.no_grad()
-    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None) -> Rollout:
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1
+    ) -> Rollout:
         if seed is not None:
             torch.manual_seed(seed)
         chunks = []
-        for start in range(0, prompt_ids.shape[0], self.cfg.batch_size):
-            ids = prompt_ids[start : start + self.cfg.batch_size]
-            mask = prompt_mask[start : start + self.cfg.batch_size]
+        per_call = max(1, self.cfg.batch_size // num_samples)  # prompts per generate call
+        for start in range(0, prompt_ids.shape[0], per_call):
+            ids = prompt_ids[start : start + per_call]
+            mask = prompt_mask[start : start + per_call]
+            cache = None
+            if num_samples > 1 and ids.shape[1] > 1:
+                cache = self._shared_prefill(ids, mask, num_samples)
+            ids, mask = ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0)
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, generation_config=self.generation_config
+                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=self.generation_config
             )
             chunks.append(out[:, ids.shape[1] :])
         width = max(c.shape[1] for c in chunks)
@@ -103,13 +113,27 @@ class HFEngine:
         response_ids = response_ids.masked_fill(response_mask == 0, pad)
         responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
         return Rollout(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
+            prompt_ids=prompt_ids.repeat_interleave(num_samples, 0),
+            prompt_mask=prompt_mask.repeat_interleave(num_samples, 0),
             response_ids=response_ids,
             response_mask=response_mask,
             eos=eos,
             responses=[r.strip() for r in responses],
         )
+
+
+    def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, k: int):
+        """KV cache of each prompt but its last token, computed once and repeated for its k samples.
+
+        `generate` then runs only the last prompt token and the new ones, so K answers per prompt
+        (AI-feedback labelling) cost one prefill instead of K; the samples are the same as with the
+        prompts repeated K times and the same seed.
+        """
+        pos = position_ids_from_mask(mask)
+        out = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(k)
+        return cache
 
 
 def _base_config(actor: torch.nn.Module):

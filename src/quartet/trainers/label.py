@@ -81,9 +81,8 @@ def label(cfg: LabelConfig) -> LabelResult:
     bar = Progress(len(prompts), "label", keys={"label/pairs": "pairs", "label/ties": "ties"}, every=per_call)
     for start in range(0, len(prompts), per_call):
         chunk = list(range(start, min(start + per_call, len(prompts))))
-        ids, mask = left_pad([encoded.input_ids[i] for i in chunk for _ in range(cfg.num_samples)],
-                             tok.pad_token_id)
-        rollout = engine.generate(ids, mask, seed=cfg.seed + start)
+        ids, mask = left_pad([encoded.input_ids[i] for i in chunk], tok.pad_token_id)
+        rollout = engine.generate(ids, mask, seed=cfg.seed + start, num_samples=cfg.num_samples)
         answers = rollout.responses
         scores = judge([prompts[i] for i in chunk for _ in range(cfg.num_samples)], answers).tolist()
         all_scores += scores
