@@ -244,3 +244,15 @@ def test_doctor_tolerates_missing_and_nonnumeric_values():
     records = [{"step": i, "objective/kl": None, "note": "x", "flag": True} for i in range(1, 10)]
     assert diagnose(records) == []
     assert [f.rule for f in diagnose(records + [{"step": 10, "value/loss": float("nan")}])] == ["nan"]
+
+
+def test_no_false_alarm_on_the_demo_run():
+    """The metrics `make demo` logged for its PPO stage (configs/demo.yaml, SmolLM2, 16 iterations, a run
+    whose gold score rose from 0.09 to 0.61): a healthy real run, on which no rule may fire."""
+    from pathlib import Path
+
+    from quartet.monitor.metrics import read_metrics
+
+    records = read_metrics(Path(__file__).parent / "data" / "demo_ppo_metrics.jsonl")
+    assert len(records) == 16 and records[-1]["objective/gold"] > records[0]["objective/gold"] + 0.3
+    assert diagnose(records) == []
