@@ -121,7 +121,6 @@ class HFEngine:
             responses=[r.strip() for r in responses],
         )
 
-
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, k: int):
         """KV cache of each prompt but its last token, computed once and repeated for its k samples.
 
