@@ -181,6 +181,7 @@ def evaluate(
     s.baseline = s.baseline or checkpoints[0]
     s.reference = s.reference or s.baseline
     s.gold = s.gold or _task_judge(s.prompts)
+    s.sample_dtype = resolve_sample_dtype(s.sample_dtype)  # the settings record the dtype actually used
     baseline_name = names[checkpoints.index(s.baseline)] if s.baseline in checkpoints else s.baseline
 
     from quartet.data import load_prompts
@@ -382,8 +383,7 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings
     prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
     seeds = [sample_seed(s.seed, i, j) for i, j in rows]
 
-    dtype = resolve_sample_dtype(s.sample_dtype)
-    sampler = model if dtype == "fp32" else copy.deepcopy(model).to(DTYPES[dtype])
+    sampler = model if s.sample_dtype == "fp32" else copy.deepcopy(model).to(DTYPES[s.sample_dtype])
     response_ids = sample_responses(
         sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
         top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,
@@ -483,7 +483,6 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSetting
             rec.update({key: run[key][r] for key in ("gold", "rm", "kl", "kl_full", "length", "eos") if run.get(key) is not None})
             records.append(rec)
     settings = asdict(s) | {"num_prompts": len(prompt_list), "judge": judge, "n_boot": N_BOOT, "alpha": ALPHA}
-    settings["sample_dtype"] = resolve_sample_dtype(s.sample_dtype)
     # numbers are bit-identical on re-runs with the same torch and thread count; another thread count
     # changes float reduction order, which can flip a sampled token
     settings |= {"torch": torch.__version__, "threads": torch.get_num_threads()}
