@@ -8,6 +8,7 @@ from quartet.algo.advantages import gae, reinforce_advantages
 from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
 from quartet.algo.logprobs import entropy_from_logits, gather_logprobs
 from quartet.algo.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
+from quartet.algo.preference import PREFERENCE_LOSSES, preference_loss
 from quartet.algo.stats import (
     check_mask,
     last_token_index,
@@ -19,6 +20,7 @@ from quartet.algo.stats import (
 
 __all__ = [
     "KL_KINDS",
+    "PREFERENCE_LOSSES",
     "AdaptiveKL",
     "FixedKL",
     "aggregate",
@@ -35,6 +37,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "preference_loss",
     "reinforce_advantages",
     "token_rewards",
 ]
