@@ -34,6 +34,9 @@ value_loss_stuck            >= 15 points; value/loss median of last 5 >= 0.9x me
                             value/explained_variance (when logged) below 0.1
 explained_variance_negative >= 10 points; the last 5 value/explained_variance all below 0, their median < -0.1
 truncation                  rollout/eos_rate now < 0.5 (most responses hit max_new_tokens)
+both_logps_down             DPO, >= 6 points: the chosen answers' log-ratio to the reference (rewards/chosen
+                            / dpo/beta, change from start) fell > 1 nat, the rejected ones' fell further,
+                            and the chosen fall is >= 25% of the margin gained
 =========================== ======================================================================
 """
 
@@ -70,6 +73,7 @@ VALUE_EXPLOSION_RATIO, VALUE_EXPLOSION_HARD = 10.0, 100.0
 VALUE_STUCK_MIN, VALUE_STUCK_RATIO, VALUE_STUCK_EV = 15, 0.9, 0.1
 EV_MIN_POINTS, EV_WINDOW, EV_MEDIAN_MAX = 10, 5, -0.1
 EOS_RATE_MIN = 0.5
+CHOSEN_DROP_NATS, CHOSEN_SHARE = 1.0, 0.25
 
 
 # --------------------------------------------------------------------------- findings
@@ -261,7 +265,7 @@ def _nan(h: History):
     bad = {k: v for k, v in h.current.items() if not math.isfinite(v)}
     if not bad:
         return None
-    order = ("policy/loss", "value/loss", "optim/grad_norm", "sft/loss", "rm/loss")
+    order = ("policy/loss", "value/loss", "optim/grad_norm", "sft/loss", "rm/loss", "dpo/loss")
     key = next((k for k in order if k in bad), sorted(bad)[0])
     return _found(
         "nan", h, key, [h.step], [bad[key]],
@@ -602,6 +606,38 @@ def _truncation(h: History):
         "from the SFT targets or the chat template); the reward is then given to unfinished text",
         "raise generation.max_new_tokens, make sure SFT completions end with the EOS token, or set "
         "missing_eos_penalty so unfinished responses score low",
+    )
+
+
+@_rule("both_logps_down", "warning")
+def _both_logps_down(h: History):
+    chosen_key, rejected_key = "rewards/chosen", "rewards/rejected"
+    if not (h.has(chosen_key, 2 * MIN_POINTS) and h.has(rejected_key, 2 * MIN_POINTS)):
+        return None
+    beta = h.tail("dpo/beta", 1)[1][0] if h.has("dpo/beta", 1) else 1.0
+    steps, chosen = h.tail(chosen_key, 10)
+    _, rejected = h.tail(rejected_key, 10)
+    # implicit rewards are beta (log pi - log pi_ref): divided by beta, the change since the start in nats
+    d_chosen = (_median(chosen[-3:]) - _median(h.head(chosen_key, 3))) / beta
+    d_rejected = (_median(rejected[-3:]) - _median(h.head(rejected_key, 3))) / beta
+    gain = d_chosen - d_rejected
+    if not (d_chosen < -CHOSEN_DROP_NATS and gain > 0 and -d_chosen >= CHOSEN_SHARE * gain):
+        return None
+    related = {rejected_key: rejected}
+    for key in ("logps/chosen", "logps/rejected"):
+        if h.has(key, 1):
+            related[key] = h.tail(key, 10)[1]
+    return _found(
+        "both_logps_down", h, chosen_key, steps, chosen,
+        f"the chosen answers became less likely ({d_chosen:.3g} nats against the reference) along with the "
+        f"rejected ones ({d_rejected:.3g}): {-d_chosen / gain:.0%} of the margin gained comes from pushing "
+        "the preferred answers down",
+        "the DPO loss only sees the margin, and on pairs whose answers share most of their tokens, or with a "
+        "small beta over many epochs, lowering the rejected answer drags the chosen one down with it; the "
+        "probability goes to answers in neither set (likelihood displacement, Razin et al. 2024; Pal et al. 2024)",
+        "raise beta, lower optim.lr or epochs, try loss: ipo (a bounded margin), drop pairs whose two answers "
+        "are near-identical, and read samples against the reference before trusting the margin",
+        related,
     )
 
 

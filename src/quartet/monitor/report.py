@@ -39,6 +39,12 @@ CHARTS = [
     ("sft_loss", "SFT loss", ["sft/loss", "sft/eval_loss"], ["sft/eval_ppl"]),
     ("rm_loss", "Reward model loss and margin", ["rm/loss"], ["rm/margin", "rm/eval_margin"]),
     ("rm_accuracy", "Reward model accuracy", ["rm/accuracy", "rm/eval_accuracy"], []),
+    ("dpo_loss", "DPO loss and implicit-reward accuracy", ["dpo/loss", "dpo/eval_loss"],
+     ["rewards/accuracy", "rewards/eval_accuracy"]),
+    ("dpo_rewards", "DPO implicit rewards beta log(pi / pi_ref)", ["rewards/chosen", "rewards/rejected",
+                                                                  "rewards/margins"], []),
+    ("dpo_logps", "Log-probs of the chosen and rejected answers", ["logps/chosen", "logps/rejected"], []),
+    ("dpo_kl", "DPO: KL to the reference on sampled answers", ["dpo/kl"], []),
     ("timing", "Seconds per step", ["timing/total", "timing/generate", "timing/score", "timing/reference",
                                     "timing/update"], []),
 ]
@@ -49,7 +55,8 @@ SUMMARY_KEYS = [
     "objective/score", "objective/gold", "objective/kl", "objective/kl_coef", "rollout/length_mean",
     "rollout/eos_rate", "rollout/distinct_2", "policy/entropy", "policy/clipfrac", "value/loss",
     "value/explained_variance", "sft/loss", "sft/eval_loss", "sft/eval_ppl", "rm/accuracy",
-    "rm/eval_accuracy", "memory/peak_rss_mb",
+    "rm/eval_accuracy", "dpo/loss", "dpo/eval_loss", "rewards/margins", "rewards/eval_accuracy", "dpo/kl",
+    "memory/peak_rss_mb",
 ]
 
 
