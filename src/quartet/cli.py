@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 
 from quartet.errors import QuartetError
@@ -20,12 +21,18 @@ STAGES = {
     "label": ("quartet.trainers.label:cli", "stage 2: AI feedback: sample K answers, a judge picks chosen/rejected"),
     "rm": ("quartet.trainers.reward:cli", "stage 3: train a Bradley-Terry reward model on preference pairs"),
     "ppo": ("quartet.trainers.ppo:cli", "stage 4: PPO with Actor, Critic, Reference and Reward"),
+    "grpo": ("quartet.trainers.ppo:cli", "stage 4 with GRPO's defaults: group-normalised advantages, no critic"),
+    "rloo": ("quartet.trainers.ppo:cli", "stage 4 with RLOO's defaults: leave-one-out baseline, no critic"),
+    "dpo": ("quartet.trainers.dpo:cli", "stages 3+4 offline: DPO (or IPO, SLiC, SimPO) on preference pairs"),
     "run": ("quartet.pipeline:cli", "run a whole pipeline config: sft -> label -> rm -> ppo -> eval -> report"),
     "eval": ("quartet.eval.evaluate:cli", "evaluate checkpoints: gold/RM score, KL, length, diversity, win rate"),
     "report": ("quartet.monitor.report:cli", "write a self-contained HTML report for a run directory"),
     "doctor": ("quartet.monitor.doctor:cli", "diagnose a run from its metrics: symptoms, causes, fixes"),
     "tasks": ("quartet.tasks:cli", "list the built-in tasks"),
 }
+
+TRAINING_STAGES = ("sft", "label", "rm", "ppo", "grpo", "rloo", "dpo")
+OVERWRITE_HELP = "write into an output folder that holds other files (only Quartet's own files are replaced)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,11 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in STAGES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        if name in ("sft", "label", "rm", "ppo"):
+        if name in TRAINING_STAGES:
             p.add_argument("-c", "--config", help="YAML config file")
             p.add_argument("overrides", nargs="*", metavar="key=value", help="override any config field")
-            if name == "ppo":
-                p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+            p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+            if name in ("ppo", "grpo", "rloo"):
+                p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
         elif name == "run":
             p.add_argument("config", help="pipeline YAML (see configs/demo.yaml)")
             p.add_argument("overrides", nargs="*", metavar="key=value", help="override any pipeline field")
@@ -59,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--temperature", type=float, default=0.7)
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--out", required=True, help="output directory (eval/eval.json, samples)")
+            p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         elif name in ("report", "doctor"):
             p.add_argument("run_dir", help="a run directory (or a pipeline directory of runs)")
     return parser
@@ -66,7 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # overrides may also follow a flag (`quartet ppo -c x.yaml --resume iterations=40`)
+    if extra and isinstance(getattr(args, "overrides", None), list) and all(
+        "=" in x and not x.startswith("-") for x in extra
+    ):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr
     )
@@ -85,14 +101,22 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: `quartet {args.command}` is not yet available in this version", file=sys.stderr)
         return 3
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(func(args) or 0)
     except QuartetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("interrupted: no partial output was kept; a PPO run resumes with --resume", file=sys.stderr)
         return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate(signum, frame):
+    """SIGTERM unwinds like Ctrl-C, so every atomic writer removes its temporary files on the way out."""
+    raise KeyboardInterrupt
 
 
 def _version() -> str:

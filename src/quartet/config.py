@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
+import math
+import numbers
 import re
 import types
 import typing
@@ -18,6 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
+from quartet.algo.estimators import ESTIMATORS
 from quartet.atomic import atomic_write_text
 from quartet.errors import ConfigError
 
@@ -40,7 +44,16 @@ class LoraConfig:
 
     def validate(self, where: str) -> None:
         _positive(self.r, f"{where}.r")
+        _positive(self.alpha, f"{where}.alpha")
         _in_range(self.dropout, 0.0, 1.0, f"{where}.dropout")
+        if not self.dropout < 1:  # p = 1 zeroes every adapter input
+            raise ConfigError(f"{where}.dropout: must be < 1, got {self.dropout!r}")
+        modules = [self.target_modules] if isinstance(self.target_modules, str) else self.target_modules
+        if not isinstance(modules, list) or not modules or not all(isinstance(m, str) and m for m in modules):
+            raise ConfigError(
+                f"{where}.target_modules: must be \"all-linear\" or a non-empty list of module names, "
+                f"got {self.target_modules!r}"
+            )
 
 
 @dataclass
@@ -62,6 +75,9 @@ class DataConfig:
         if self.limit is not None:
             _positive(self.limit, f"{where}.limit")
         _positive(self.max_prompt_tokens, f"{where}.max_prompt_tokens")
+        for key, name in self.columns.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"{where}.columns.{key}: must be a column name (text), got {name!r}")
 
 
 @dataclass
@@ -82,6 +98,7 @@ class OptimConfig:
     def validate(self, where: str) -> None:
         _positive(self.lr, f"{where}.lr")
         _non_negative(self.weight_decay, f"{where}.weight_decay")
+        _positive(self.adam_eps, f"{where}.adam_eps")
         _non_negative(self.warmup_steps, f"{where}.warmup_steps")
         if self.max_grad_norm is not None:
             _positive(self.max_grad_norm, f"{where}.max_grad_norm")
@@ -108,6 +125,48 @@ class GenerationConfig:
         _in_range(self.top_p, 1e-6, 1.0, f"{where}.top_p")
         _non_negative(self.top_k, f"{where}.top_k")
         _positive(self.batch_size, f"{where}.batch_size")
+
+
+REPORT_TO = ("tensorboard", "wandb", "mlflow", "trackio")
+"""the trackers `report_to` may name; all but tensorboard are extras (pip install 'quartet[<name>]')"""
+
+
+@dataclass
+class TrackingConfig:
+    """Where a stage reports its metrics besides metrics.jsonl (transformers' `report_to` convention).
+
+    Each library's own environment variables still apply (WANDB_MODE, WANDB_API_KEY, WANDB_ENTITY,
+    WANDB_DIR, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME, TRACKIO_DIR, ...); a field set here wins.
+    """
+
+    report_to: list | str = field(default_factory=lambda: ["tensorboard"])
+    """trackers: a list of tensorboard, wandb, mlflow, trackio (or one name); "none" or [] = metrics.jsonl only"""
+    run_name: str | None = None
+    """the run's name in W&B / MLflow / trackio; default: the tracker's own (`quartet run`: <run_name>-<stage>)"""
+    group: str | None = None
+    """runs that belong together: W&B and trackio group, MLflow tag quartet.group (`quartet run` sets it)"""
+    project: str | None = None
+    """W&B and trackio project; default: $WANDB_PROJECT / $TRACKIO_PROJECT, else "quartet" """
+    experiment: str | None = None
+    """MLflow experiment; default: $MLFLOW_EXPERIMENT_NAME, else MLflow's own default"""
+    tracking_uri: str | None = None
+    """MLflow tracking URI (http://host:5000, file:/dir, sqlite:///mlflow.db); default: $MLFLOW_TRACKING_URI"""
+
+    @property
+    def trackers(self) -> list[str]:
+        """`report_to` as a list of names, "none" resolved to []."""
+        names = [self.report_to] if isinstance(self.report_to, str) else [str(n) for n in self.report_to]
+        return [] if names == ["none"] else list(dict.fromkeys(names))
+
+    def validate(self, where: str = "tracking") -> None:
+        for name in self.trackers:
+            if name not in REPORT_TO:
+                raise ConfigError(
+                    f"{where}.report_to: unknown tracker {name!r} (choose from {', '.join(REPORT_TO)}, or none)"
+                )
+            # find_spec only looks the package up: the extra is imported when a run starts, not here
+            if name != "tensorboard" and importlib.util.find_spec(name) is None:
+                raise ConfigError(f"{where}.report_to: {name} is not installed: pip install 'quartet[{name}]'")
 
 
 # --------------------------------------------------------------------------- stage configs
@@ -145,6 +204,8 @@ class SFTConfig:
     """optimizer steps between metric lines"""
     seed: int = 0
     """everything random is seeded from this"""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "sft") -> None:
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
@@ -175,6 +236,8 @@ class LabelConfig:
     """where the preference pairs are written (JSONL, atomically)"""
     seed: int = 0
     """sampling seed"""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "label") -> None:
         if self.num_samples < 2:
@@ -228,6 +291,8 @@ class RewardConfig:
     """optimizer steps between held-out accuracy passes (and one at the start and the end)"""
     seed: int = 0
     """everything random is seeded from this"""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "rm") -> None:
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
@@ -237,6 +302,70 @@ class RewardConfig:
         for name in ("batch_size", "grad_accum", "max_seq_len", "normalize_samples", "log_every", "eval_every"):
             _positive(getattr(self, name), f"{where}.{name}")
         _non_negative(self.center_coef, f"{where}.center_coef")
+
+
+@dataclass
+class DPOConfig:
+    policy: str = "smollm2-135m-instruct"
+    """the policy's starting weights (normally the SFT output); also the reference unless `reference` is set"""
+    reference: str | None = None
+    """frozen reference model; default: the starting policy (adapter-disabled when LoRA is on)"""
+    data: DataConfig = field(default_factory=DataConfig)
+    """preference pairs: prompt + chosen + rejected, or the HH / UltraFeedback layouts"""
+    eval_data: DataConfig | None = None
+    """held-out pairs; default: eval_fraction of `data`"""
+    eval_fraction: float = 0.1
+    """share of `data` held out when eval_data is not given"""
+    output_dir: str = "runs/dpo"
+    """run directory: config, metrics, model/"""
+    epochs: float = 1.0
+    """passes over the pairs"""
+    max_steps: int | None = None
+    """stop after this many optimizer steps (overrides epochs)"""
+    batch_size: int = 8
+    """pairs per micro-batch (each forward reads 2x this many sequences)"""
+    grad_accum: int = 1
+    """micro-batches per optimizer step"""
+    max_seq_len: int = 512
+    """prompt + response tokens; longer responses are cut at the end, pairs whose prompt fills it are dropped"""
+    loss: Literal["sigmoid", "ipo", "hinge", "simpo"] = "sigmoid"
+    """sigmoid = DPO, ipo = IPO, hinge = SLiC; simpo = reference-free sigmoid on per-token mean log-probs"""
+    beta: float = 0.1
+    """scale of the implicit reward beta * log(pi / pi_ref); smaller = further from the reference (SimPO: ~2)"""
+    label_smoothing: float = 0.0
+    """assumed share of flipped labels (conservative DPO); sigmoid and simpo only"""
+    simpo_gamma: float = 0.5
+    """SimPO's target margin gamma inside the sigmoid (loss: simpo only)"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=10))
+    """optimizer and schedule"""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA policy; the reference is then the adapter-disabled base (no second copy)"""
+    precision: Precision = "auto"
+    """auto = bf16 autocast where the hardware has it"""
+    kl_samples: int = 8
+    """held-out prompts the policy answers at each eval, to measure its KL to the reference (0 = off)"""
+    generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(batch_size=8))
+    """sampling settings of those answers"""
+    eval_every: int = 50
+    """optimizer steps between held-out passes (and one at the start and the end)"""
+    log_every: int = 10
+    """optimizer steps between metric lines"""
+    seed: int = 0
+    """everything random is seeded from this"""
+
+    def validate(self, where: str = "dpo") -> None:
+        _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
+        _positive(self.epochs, f"{where}.epochs")
+        if self.max_steps is not None:
+            _positive(self.max_steps, f"{where}.max_steps")
+        for name in ("batch_size", "grad_accum", "max_seq_len", "eval_every", "log_every", "beta"):
+            _positive(getattr(self, name), f"{where}.{name}")
+        _non_negative(self.kl_samples, f"{where}.kl_samples")
+        _non_negative(self.simpo_gamma, f"{where}.simpo_gamma")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"{where}.label_smoothing: must be in [0, 0.5), got {self.label_smoothing!r}")
+        if self.label_smoothing and self.loss not in ("sigmoid", "simpo"):
+            raise ConfigError(f"{where}.label_smoothing: applies to loss sigmoid or simpo, not {self.loss!r}")
 
 
 @dataclass
@@ -250,8 +379,15 @@ class PPOConfig:
     gold: str | None = None
     """a second judge logged as objective/gold next to the proxy reward (e.g. the task's gold judge when a
     reward model is trained on it), so the doctor can catch over-optimisation; never optimised"""
-    critic: Literal["shared", "separate"] = "separate"
-    """value head on the Actor's backbone ("shared"), or a separate model ("separate")"""
+    advantage: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"] = "gae"
+    """credit assignment (quartet.algo.ESTIMATORS): gae = critic + GAE per token (PPO); grpo / dr_grpo / rloo =
+    group baselines over `samples_per_prompt` samples; reinforce_pp(_baseline) = whitened returns-to-go;
+    remax = greedy-response baseline"""
+    samples_per_prompt: int = 1
+    """G: responses sampled per prompt (>= 2 for the group estimators)"""
+    critic: Literal["shared", "separate", "none"] | None = None
+    """value head on the Actor's backbone ("shared"), a separate model ("separate"), or none; default:
+    separate for gae, none for the critic-free estimators"""
     critic_init: str | None = None
     """separate Critic's starting weights; default: the reward model when it is one, else the policy"""
     prompts: DataConfig = field(default_factory=lambda: DataConfig(path="task:positive-review/train"))
@@ -261,7 +397,7 @@ class PPOConfig:
     iterations: int = 50
     """PPO iterations (rollout + update)"""
     rollout_batch_size: int = 16
-    """prompts sampled per iteration"""
+    """prompts sampled per iteration (each gets samples_per_prompt responses)"""
     minibatch_size: int = 8
     """sequences per optimizer step"""
     micro_batch_size: int = 8
@@ -294,12 +430,13 @@ class PPOConfig:
     """adaptive controller's target KL per sequence"""
     kl_horizon: int = 10000
     """adaptive controller's horizon (in sequences)"""
-    whiten_advantages: bool = True
-    """whiten advantages over the rollout batch"""
-    policy_loss: Literal["ppo", "reinforce"] = "ppo"
-    """token-level PPO with GAE, or sequence-level REINFORCE advantages (no critic needed)"""
-    loss_aggregation: Literal["token-mean", "seq-mean-token-mean"] = "token-mean"
-    """how per-token losses are averaged"""
+    whiten_advantages: bool | None = None
+    """whiten advantages over the rollout batch; default: the estimator's own choice (gae and reinforce_pp yes,
+    the group estimators and remax no)"""
+    ratio_level: Literal["token", "sequence"] = "token"
+    """policy ratio per token (PPO), or GSPO's length-normalised sequence ratio"""
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """how per-token losses are averaged (seq-mean-token-sum-norm: Dr.GRPO's constant max_new_tokens normaliser)"""
     reward_norm: bool = False
     """normalise scores by running mean/std"""
     reward_clip: float | None = None
@@ -324,14 +461,31 @@ class PPOConfig:
     """metric that picks the best checkpoint kept when a run is stopped"""
     seed: int = 0
     """everything random is seeded from this"""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "ppo") -> None:
-        for name in ("iterations", "rollout_batch_size", "minibatch_size", "micro_batch_size", "ppo_epochs"):
+        for name in ("iterations", "rollout_batch_size", "minibatch_size", "micro_batch_size", "ppo_epochs",
+                     "samples_per_prompt"):
             _positive(getattr(self, name), f"{where}.{name}")
-        if self.rollout_batch_size % self.minibatch_size:
+        est = ESTIMATORS[self.advantage]
+        if est.group and self.samples_per_prompt < 2:
             raise ConfigError(
-                f"{where}.minibatch_size: {self.minibatch_size} does not divide "
-                f"rollout_batch_size {self.rollout_batch_size}"
+                f"{where}.samples_per_prompt: advantage '{self.advantage}' compares the samples of a prompt, "
+                f"so it needs at least 2, got {self.samples_per_prompt}"
+            )
+        if self.critic in ("shared", "separate") and not est.needs_critic:
+            raise ConfigError(
+                f"{where}.critic: advantage '{self.advantage}' uses no critic; remove critic: {self.critic} "
+                f"(or use advantage: gae)"
+            )
+        if self.critic == "none" and est.needs_critic:
+            raise ConfigError(f"{where}.critic: advantage 'gae' needs a critic (shared or separate)")
+        if self.sequences_per_iteration % self.minibatch_size:
+            raise ConfigError(
+                f"{where}.minibatch_size: {self.minibatch_size} does not divide the {self.sequences_per_iteration} "
+                f"sequences of an iteration (rollout_batch_size {self.rollout_batch_size} x samples_per_prompt "
+                f"{self.samples_per_prompt})"
             )
         if self.minibatch_size % self.micro_batch_size:
             raise ConfigError(
@@ -353,6 +507,12 @@ class PPOConfig:
         from quartet.monitor.doctor import check_rule_names  # lazy: config stays importable on its own
 
         check_rule_names(self.stop_on, f"{where}.stop_on")
+        if self.missing_eos_penalty is not None:
+            _non_negative(self.missing_eos_penalty, f"{where}.missing_eos_penalty")
+        if self.reward_clip is not None:
+            _positive(self.reward_clip, f"{where}.reward_clip")
+        if self.critic_lr is not None:
+            _positive(self.critic_lr, f"{where}.critic_lr")
 
     @property
     def grad_accum(self) -> int:
@@ -360,25 +520,62 @@ class PPOConfig:
         return self.minibatch_size // self.micro_batch_size
 
     @property
+    def sequences_per_iteration(self) -> int:
+        """responses sampled per iteration: rollout_batch_size prompts x samples_per_prompt"""
+        return self.rollout_batch_size * self.samples_per_prompt
+
+    @property
     def updates_per_iteration(self) -> int:
         """optimizer steps per PPO iteration"""
-        return self.ppo_epochs * (self.rollout_batch_size // self.minibatch_size)
+        return self.ppo_epochs * (self.sequences_per_iteration // self.minibatch_size)
+
+    @property
+    def critic_kind(self) -> str:
+        """"shared", "separate" or "none", with the estimator's default filled in"""
+        if self.critic is not None:
+            return self.critic
+        return "separate" if ESTIMATORS[self.advantage].needs_critic else "none"
+
+    @property
+    def whiten(self) -> bool:
+        """whiten advantages, with the estimator's default filled in"""
+        return ESTIMATORS[self.advantage].whiten if self.whiten_advantages is None else self.whiten_advantages
 
 
 # --------------------------------------------------------------------------- validation helpers
+# Each helper first requires a finite real number (not a bool), so a config built in Python with a
+# wrong type or a NaN gets the same one-line error as one read from YAML.
+def _number(value, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{where}: must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{where}: must be a finite number, got {value!r}")
+
+
 def _positive(value, where: str) -> None:
+    _number(value, where)
     if not value > 0:
         raise ConfigError(f"{where}: must be > 0, got {value!r}")
 
 
 def _non_negative(value, where: str) -> None:
+    _number(value, where)
     if not value >= 0:
         raise ConfigError(f"{where}: must be >= 0, got {value!r}")
 
 
 def _in_range(value, lo: float, hi: float, where: str) -> None:
+    _number(value, where)
     if not lo <= value <= hi:
         raise ConfigError(f"{where}: must be in [{lo}, {hi}], got {value!r}")
+
+
+SEED_MAX = 2**32 - 1
+"""numpy's seed range, which transformers' set_seed passes every seed through"""
+
+
+def _seed(value, where: str) -> None:
+    _in_range(value, 0, SEED_MAX, where)
 
 
 # --------------------------------------------------------------------------- YAML <-> dataclass
@@ -395,7 +592,7 @@ def from_dict(cls: type, data: Any, where: str = ""):
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(names)})"
             raise ConfigError(f"{path}: unknown key{hint}")
-        kwargs[key] = _coerce(hints[key], value, path)
+        kwargs[key] = _coerce(hints[key], value, path, _allows_non_finite(cls, key))
     try:
         obj = cls(**kwargs)
     except TypeError as e:  # a required field without default
@@ -406,7 +603,17 @@ def from_dict(cls: type, data: Any, where: str = ""):
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
-def _coerce(tp, value, where: str):
+def _allows_non_finite(cls: type, name: str) -> bool:
+    """A float field accepts nan/inf only when it says so: ``field(metadata={"non_finite": True})``."""
+    return any(f.name == name and f.metadata.get("non_finite", False) for f in dataclasses.fields(cls))
+
+
+def _coerce(tp, value, where: str, non_finite: bool = False):
+    """``value`` as type ``tp`` (YAML's loose forms accepted, e.g. `3e-4`), or a ConfigError naming ``where``.
+
+    The one type check of every config value: `from_dict` runs it on what YAML gave, `validate` on what
+    Python code set. Floats must be finite unless the field allows otherwise (``non_finite``).
+    """
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
@@ -421,7 +628,7 @@ def _coerce(tp, value, where: str):
             if arg is type(None):
                 continue
             try:
-                return _coerce(arg, value, where)
+                return _coerce(arg, value, where, non_finite)
             except ConfigError as e:
                 errors.append(str(e))
         raise ConfigError(errors[0])
@@ -448,7 +655,13 @@ def _coerce(tp, value, where: str):
             value = float(value)  # PyYAML reads `3e-4` (no dot) as a string: YAML 1.1 wants `3.0e-4`
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: must be a number, got {value!r}")
-        return float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # an integer too large for a float
+            raise ConfigError(f"{where}: must be a finite number, got {value!r}") from None
+        if not non_finite and not math.isfinite(value):
+            raise ConfigError(f"{where}: must be a finite number, got {value!r}")
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{where}: must be a string, got {value!r}")
@@ -468,6 +681,11 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``a.b.c=value`` strings (value parsed as YAML) onto a nested mapping."""
     for item in overrides:
@@ -476,7 +694,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         key, raw = item.split("=", 1)
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: e.g. a date with month 13
             value = raw
         node = data
         parts = key.strip().split(".")
@@ -491,6 +709,14 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def merge(base: dict, top: dict) -> dict:
+    """`top` over `base`, section by section (a new dict; neither input is changed)."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
@@ -503,6 +729,8 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}{loc}: not valid YAML ({getattr(e, 'problem', e)})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    except (ValueError, RecursionError) as e:  # e.g. `date: 2024-13-01`, an integer of 5000 digits
+        raise ConfigError(f"{path}: not valid YAML ({_one_line(e)})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -510,9 +738,10 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None):
-    """Read YAML (optional), apply CLI overrides, build and validate ``cls``."""
-    data = read_yaml(path) if path else {}
+def load_config(cls: type, path: str | Path | None = None, overrides: list[str] | None = None,
+                defaults: dict | None = None):
+    """Read YAML (optional) over `defaults` (a preset), apply CLI overrides, build and validate ``cls``."""
+    data = merge(defaults or {}, read_yaml(path) if path else {})
     data = apply_overrides(data, overrides or [])
     cfg = from_dict(cls, data)
     validate(cfg)
@@ -520,11 +749,18 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
 
 
 def validate(cfg, where: str | None = None) -> None:
-    """Run every ``validate(where)`` in the tree of dataclasses, outermost last."""
+    """Check the tree of dataclasses: every field's type and finiteness (as `from_dict` does for YAML),
+    every `seed` in numpy's range, then every ``validate(where)``, outermost last."""
+    hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
+        path = f"{where}.{f.name}" if where else f.name
         if dataclasses.is_dataclass(value):
-            validate(value, f"{where}.{f.name}" if where else f.name)
+            validate(value, path)
+            continue
+        setattr(cfg, f.name, _coerce(hints[f.name], value, path, f.metadata.get("non_finite", False)))
+        if f.name == "seed" and value is not None:
+            _seed(value, path)
     check = getattr(cfg, "validate", None)
     if check is not None:
         check(where) if where else check()

@@ -1,6 +1,7 @@
 """`quartet run`: the whole InstructGPT pipeline from one YAML file.
 
     SFT -> label (AI feedback) -> reward model -> PPO -> evaluation -> report
+    SFT -> label (AI feedback) -> DPO -> evaluation -> report     (stages: [sft, label, dpo, eval])
 
 Each stage writes into `<output_dir>/<stage>/`; a stage whose output already exists is reused (pass
 `--force` to redo it). Stage outputs are wired to the next stage's inputs unless the config names
@@ -10,23 +11,32 @@ them explicitly, so a config only says what differs from the defaults.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from quartet.atomic import atomic_write_text
 from quartet.config import (
+    DPOConfig,
     LabelConfig,
     PPOConfig,
     RewardConfig,
     SFTConfig,
+    TrackingConfig,
+    _non_negative,
+    _positive,
     apply_overrides,
     from_dict,
     read_yaml,
     save_config,
     validate,
 )
-from quartet.errors import ConfigError
+from quartet.errors import ConfigError, QuartetError
+from quartet.monitor.report import write_report
+from quartet.monitor.tracking import PipelineTracking
+from quartet.tasks import list_tasks
 
 
 @dataclass
@@ -42,6 +52,13 @@ class EvalStageConfig:
     batch_size: int = 16
     """prompts decoded together (CPU decoding is memory-bound: a larger batch costs little more per step)"""
 
+    def validate(self, where: str = "eval") -> None:
+        if self.num_prompts is not None:
+            _positive(self.num_prompts, f"{where}.num_prompts")
+        _positive(self.max_new_tokens, f"{where}.max_new_tokens")
+        _non_negative(self.temperature, f"{where}.temperature")  # 0 = greedy
+        _positive(self.batch_size, f"{where}.batch_size")
+
 
 @dataclass
 class PipelineConfig:
@@ -50,20 +67,30 @@ class PipelineConfig:
     task: str = "positive-review"
     """built-in task: its prompts, SFT demonstrations and gold judge fill what the stages leave unset"""
     stages: list = field(default_factory=lambda: ["sft", "label", "rm", "ppo", "eval"])
-    """which stages run; a stage left out must have its output named explicitly where it is used"""
+    """which stages run; a stage left out must have its output named explicitly where it is used.
+    `dpo` replaces `rm` + `ppo` (or runs beside them); eval compares every policy stage that ran with SFT"""
     sft: SFTConfig = field(default_factory=SFTConfig)
     label: LabelConfig = field(default_factory=LabelConfig)
     rm: RewardConfig = field(default_factory=RewardConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     eval: EvalStageConfig = field(default_factory=EvalStageConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """trackers for every stage (a stage's own `tracking` replaces it); run_name defaults to output_dir's name,
+    each stage's run is `<run_name>-<stage>` in group `<run_name>`, and a `<run_name>` run holds the resolved
+    config, the eval table and the report"""
 
     def validate(self, where: str = "pipeline") -> None:
         unknown = [s for s in self.stages if s not in STAGE_ORDER]
         if unknown:
             raise ConfigError(f"{where}.stages: unknown stage '{unknown[0]}' (stages: {', '.join(STAGE_ORDER)})")
+        if self.task not in list_tasks():
+            raise ConfigError(f"{where}.task: unknown task '{self.task}' (known tasks: {', '.join(list_tasks())})")
 
 
-STAGE_ORDER = ("sft", "label", "rm", "ppo", "eval")
+STAGE_ORDER = ("sft", "label", "rm", "ppo", "dpo", "eval")
+POLICY_STAGES = ("ppo", "dpo")
+"""stages whose output is a policy the eval compares with the SFT model"""
 
 
 def wire(cfg: PipelineConfig, explicit: dict) -> PipelineConfig:
@@ -109,8 +136,23 @@ def wire(cfg: PipelineConfig, explicit: dict) -> PipelineConfig:
         cfg.ppo.prompts.path = f"task:{task}/train"
     if unset("ppo", "output_dir"):
         cfg.ppo.output_dir = str(out / "ppo")
+    if unset("dpo", "policy"):
+        cfg.dpo.policy = policy
+    if unset("dpo", "data", "path"):
+        cfg.dpo.data.path = cfg.label.output
+    if unset("dpo", "output_dir"):
+        cfg.dpo.output_dir = str(out / "dpo")
     if not cfg.eval.prompts:
         cfg.eval.prompts = f"task:{task}/eval"
+    # one tracker run per stage, grouped under the pipeline's run name
+    cfg.tracking.run_name = cfg.tracking.run_name or out.name
+    cfg.tracking.group = cfg.tracking.group or cfg.tracking.run_name
+    for stage in ("sft", "label", "rm", "ppo"):
+        sub = getattr(cfg, stage)
+        if unset(stage, "tracking"):
+            sub.tracking = dataclasses.replace(cfg.tracking, run_name=None)
+        sub.tracking.run_name = sub.tracking.run_name or f"{cfg.tracking.run_name}-{stage}"
+        sub.tracking.group = sub.tracking.group or cfg.tracking.group
     return cfg
 
 
@@ -126,22 +168,97 @@ def _done(path: Path) -> bool:
     return (path / "config.json").is_file() if path.suffix == "" else path.is_file()
 
 
+def check_inputs(cfg: PipelineConfig) -> None:
+    """Every input the configured stages will read, checked before the first stage starts, so a typo in
+    the last stage does not cost the hours of the first ones: model names and dirs (config.json and
+    weight headers), data paths (files, task names and splits), reward and judge specs (task names,
+    `module:function` imports, trained reward-model dirs). What an earlier stage of this run writes is
+    taken on trust. Errors name the config key."""
+    from quartet.data.readers import check_data_path
+    from quartet.models import resolve_model
+    from quartet.rollout.scoring import check_reward_spec
+
+    made: set[str] = set()  # outputs of the stages that run before the one being checked
+
+    def check(where: str, fn, value) -> None:
+        if value is None or (isinstance(value, str) and os.path.normpath(value) in made):
+            return
+        try:
+            fn(value)
+        except QuartetError as e:
+            raise type(e)(f"{where}: {e}") from None
+
+    def data(where: str, dcfg) -> None:
+        check(where, check_data_path, dcfg.path if dcfg is not None else None)
+
+    for stage in STAGE_ORDER:
+        if stage not in cfg.stages:
+            continue
+        sub = getattr(cfg, stage)
+        if stage == "sft":
+            check("sft.model", resolve_model, sub.model)
+            data("sft.data.path", sub.data)
+            data("sft.eval_data.path", sub.eval_data)
+        elif stage == "label":
+            check("label.policy", resolve_model, sub.policy)
+            data("label.prompts.path", sub.prompts)
+            check("label.judge", check_reward_spec, sub.judge)
+        elif stage == "rm":
+            check("rm.model", resolve_model, sub.model)
+            data("rm.data.path", sub.data)
+            data("rm.eval_data.path", sub.eval_data)
+            check("rm.normalize_policy", resolve_model, sub.normalize_policy or None)
+            data("rm.normalize_prompts.path", sub.normalize_prompts)
+        elif stage in ("ppo", "dpo"):
+            for key in ("policy", "reference", "critic_init"):
+                check(f"{stage}.{key}", resolve_model, getattr(sub, key, None))
+            for key in ("reward", "gold"):
+                check(f"{stage}.{key}", check_reward_spec, getattr(sub, key, None))
+            for key in ("prompts", "data", "eval_data"):
+                data(f"{stage}.{key}.path", getattr(sub, key, None))
+        elif stage == "eval":
+            check("eval.prompts", check_data_path, sub.prompts)
+        if stage == "label":
+            made.add(os.path.normpath(sub.output))
+        elif stage != "eval":
+            made.add(os.path.normpath(Path(sub.output_dir) / "model"))
+
+
 def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
     """Run the configured stages in order; returns {stage: seconds} (0.0 for reused stages)."""
+    check_inputs(cfg)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "pipeline.yaml")
     times: dict[str, float] = {}
-    for stage in STAGE_ORDER:
-        if stage not in cfg.stages:
-            continue
-        t = time.perf_counter()
-        print(f"\n== {stage} ==", flush=True)
-        ran = _run_stage(stage, cfg, force)
-        times[stage] = time.perf_counter() - t if ran else 0.0
-        if not ran:
-            print(f"{stage}: output exists, reused (pass --force to redo)")
+    with PipelineTracking(cfg.tracking, out, params=cfg) as tracking:
+        for stage in STAGE_ORDER:
+            if stage not in cfg.stages:
+                continue
+            t = time.perf_counter()
+            print(f"\n== {stage} ==", flush=True)
+            ran = _run_stage(stage, cfg, force)
+            times[stage] = time.perf_counter() - t if ran else 0.0
+            if not ran:
+                print(f"{stage}: output exists, reused (pass --force to redo)")
+        report = write_report(out)
+        files = [report, out / "summary.md", out / "pipeline.yaml", out / "eval" / "eval.json"]
+        tracking.attach(files, eval_table(out / "eval" / "eval.json"))
     return times
+
+
+def eval_table(path: Path):
+    """(columns, rows) of an eval.json: one row per checkpoint (`<out>/<stage>/model` is called by its stage),
+    the mean of each metric; None without an eval."""
+    if not path.is_file():
+        return None
+    checkpoints = json.loads(path.read_text(encoding="utf-8"))["checkpoints"]
+    keys = sorted({k for m in checkpoints.values() for k, v in m.items() if v is not None})
+    rows = []
+    for name, m in checkpoints.items():
+        label = Path(name).parent.name if Path(name).name == "model" else name
+        rows.append([label, *(m[k]["mean"] if isinstance(m.get(k), dict) else m.get(k) for k in keys)])
+    return ["checkpoint", *keys], rows
 
 
 def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
@@ -175,6 +292,12 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
 
             shutil.rmtree(ppo_dir)
         train_ppo(cfg.ppo, resume=(ppo_dir / "checkpoints").is_dir())
+    elif stage == "dpo":
+        if _done(Path(cfg.dpo.output_dir) / "model") and not force:
+            return False
+        from quartet.trainers.dpo import train_dpo
+
+        train_dpo(cfg.dpo)
     elif stage == "eval":
         _evaluate(cfg, out)
     return True
@@ -183,15 +306,16 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
 def _evaluate(cfg: PipelineConfig, out: Path) -> None:
     from quartet.eval.evaluate import evaluate, format_samples, format_table
 
-    baseline = cfg.ppo.policy
-    ppo_model = str(Path(cfg.ppo.output_dir) / "model")
-    reward_model = cfg.ppo.reward if Path(cfg.ppo.reward).is_dir() else None
+    ran = [s for s in POLICY_STAGES if s in cfg.stages] or ["ppo"]  # eval alone: the PPO run of an earlier call
+    policies = {str(Path(getattr(cfg, s).output_dir) / "model"): s.upper() for s in ran}
+    baseline = getattr(cfg, ran[0]).policy
+    reward_model = cfg.ppo.reward if "ppo" in ran and Path(cfg.ppo.reward).is_dir() else None
     result = evaluate(
-        [baseline, ppo_model],
+        [baseline, *policies],
         prompts=cfg.eval.prompts,
         num_prompts=cfg.eval.num_prompts,
         reward_model=reward_model,
-        reference=cfg.ppo.reference or baseline,
+        reference=getattr(cfg, ran[0]).reference or baseline,
         baseline=baseline,
         max_new_tokens=cfg.eval.max_new_tokens,
         temperature=cfg.eval.temperature,
@@ -199,11 +323,12 @@ def _evaluate(cfg: PipelineConfig, out: Path) -> None:
         batch_size=cfg.eval.batch_size,
         out=out / "eval",
     )
-    names = {baseline: "SFT", ppo_model: "PPO"}
+    names = {baseline: "SFT", **policies}
     text = "\n".join([
         "# Quartet pipeline summary", "",
         f"task `{cfg.task}`, policy `{cfg.sft.model}`; evaluation on {cfg.eval.prompts} "
-        f"(temperature {cfg.eval.temperature}, seed {cfg.eval.seed}); SFT = `{baseline}`, PPO = `{ppo_model}`", "",
+        f"(temperature {cfg.eval.temperature}, seed {cfg.eval.seed}); SFT = `{baseline}`"
+        + "".join(f", {name} = `{path}`" for path, name in policies.items()), "",
         format_table(result, names=names), "",
         "## Samples", "", format_samples(result, k=3, names=names), "",
     ])
@@ -215,9 +340,7 @@ def cli(args) -> int:
     start = time.perf_counter()
     times = run_pipeline(cfg, force=args.force)
     out = Path(cfg.output_dir)
-    from quartet.monitor.report import write_report
-
-    report = write_report(out)
+    report = out / "report.html"
     total = time.perf_counter() - start
     lines = [f"{stage}: {sec:.0f} s" for stage, sec in times.items()] + [f"total: {total:.0f} s"]
     timing = "\n".join(["", "## Time per stage", "", *(f"- {line}" for line in lines), ""])

@@ -48,7 +48,7 @@ def _params(module) -> dict[str, torch.Tensor]:
 def _exact_objective(trainer: PPOTrainer, beta: float) -> tuple[float, float, float]:
     """J(pi), J*, J(pi_ref) for one-token responses to the single prompt, from exact softmaxes."""
     tok = trainer.roles.tokenizer
-    ids = torch.tensor([trainer.prompt_ids[0]])
+    ids = torch.tensor([trainer.experience.prompt_ids[0]])
     with torch.no_grad():
         logits = trainer.roles.actor(input_ids=ids).logits[0, -1].double()
         ref_logits = trainer.roles.reference(input_ids=ids).logits[0, -1].double()

@@ -4,10 +4,27 @@ Tensors are (B, R) over response tokens unless noted; `mask` is 1.0 on real resp
 and 0.0 on the padding after them.
 """
 
-from quartet.algo.advantages import gae, reinforce_advantages
+from quartet.algo.advantages import (
+    GROUP_KINDS,
+    gae,
+    group_advantages,
+    reinforce_advantages,
+    reinforce_pp_advantages,
+    reinforce_pp_returns,
+    remax_advantages,
+    returns_to_go,
+)
+from quartet.algo.estimators import ESTIMATORS, AdvantageEstimator, get_estimator
 from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
 from quartet.algo.logprobs import entropy_from_logits, gather_logprobs
-from quartet.algo.losses import aggregate, clipped_policy_loss, clipped_value_loss, explained_variance
+from quartet.algo.losses import (
+    AGGREGATIONS,
+    RATIO_LEVELS,
+    aggregate,
+    clipped_policy_loss,
+    clipped_value_loss,
+    explained_variance,
+)
 from quartet.algo.preference import PREFERENCE_LOSSES, preference_loss
 from quartet.algo.stats import (
     check_mask,
@@ -19,6 +36,17 @@ from quartet.algo.stats import (
 )
 
 __all__ = [
+    "AGGREGATIONS",
+    "ESTIMATORS",
+    "GROUP_KINDS",
+    "RATIO_LEVELS",
+    "AdvantageEstimator",
+    "get_estimator",
+    "group_advantages",
+    "reinforce_pp_advantages",
+    "reinforce_pp_returns",
+    "remax_advantages",
+    "returns_to_go",
     "KL_KINDS",
     "PREFERENCE_LOSSES",
     "AdaptiveKL",

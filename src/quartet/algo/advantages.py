@@ -45,3 +45,82 @@ def reinforce_advantages(
     adv = seq_return if baseline is None else seq_return - baseline
     returns = seq_return.unsqueeze(1) * mask
     return adv.unsqueeze(1) * mask, returns
+
+
+# ---------------------------------------------------------------------------- critic-free estimators
+# Scores and sequence returns are (N,) with the G samples of one prompt contiguous (N = prompts x G).
+GROUP_KINDS = ("grpo", "dr_grpo", "rloo")
+
+
+def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    if group_size < 1 or x.shape[0] % group_size:
+        raise ValueError(f"{x.shape[0]} scores do not split into groups of {group_size}")
+    return x.reshape(-1, group_size)
+
+
+def group_advantages(scores: torch.Tensor, group_size: int, kind: str, eps: float = 1e-6) -> torch.Tensor:
+    """One advantage per sample from the other samples of its prompt's group. scores: (N,) -> (N,).
+
+    "grpo": (r - mean_G) / (std_G + eps) with the unbiased std (Shao et al. 2024, DeepSeekMath; as veRL
+            and TRL compute it);
+    "dr_grpo": r - mean_G (Liu et al. 2025, "Understanding R1-Zero-Like Training": no std division, which
+            weights easy and hard prompts unequally);
+    "rloo": r_i - mean of the other G - 1 samples (Ahmadian et al. 2024, "Back to Basics"), an unbiased
+            baseline; equals G / (G - 1) * (r_i - mean_G).
+    A group whose scores are all equal gets advantage 0 (never NaN).
+    """
+    if kind not in GROUP_KINDS:
+        raise ValueError(f"unknown group advantage {kind!r}; expected one of {', '.join(GROUP_KINDS)}")
+    if kind != "dr_grpo" and group_size < 2:
+        raise ValueError(f"{kind} needs a group of at least 2 samples per prompt, got {group_size}")
+    g = _groups(scores, group_size)
+    mean = g.mean(dim=1, keepdim=True)
+    if kind == "dr_grpo":
+        adv = g - mean
+    elif kind == "rloo":
+        adv = g - (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    else:
+        adv = (g - mean) / (g.std(dim=1, keepdim=True, unbiased=True) + eps)
+    same = (g == g[:, :1]).all(dim=1, keepdim=True)
+    return torch.where(same, torch.zeros_like(adv), adv).reshape(-1)
+
+
+def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = sum_{s >= t} gamma^(s - t) r_s over each row's real tokens. (B, R) -> (B, R), 0 on padding."""
+    check_mask(mask)
+    out = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)
+    for t in reversed(range(rewards.shape[1])):
+        running = (rewards[:, t] + gamma * running) * mask[:, t]
+        out[:, t] = running
+    return out
+
+
+def reinforce_pp_returns(
+    rewards: torch.Tensor, mask: torch.Tensor, gamma: float, group_size: int | None = None
+) -> torch.Tensor:
+    """REINFORCE++ before its batch whitening: returns-to-go, minus the group mean of the sequence returns
+    when `group_size` is given (the "baseline" variant). (B, R), 0 on padding."""
+    rtg = returns_to_go(rewards, mask, gamma)
+    if group_size is not None:
+        seq = masked_sum(rewards, mask, dim=1)
+        rtg = rtg - _groups(seq, group_size).mean(dim=1).repeat_interleave(group_size).unsqueeze(1)
+    return rtg * mask
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor, mask: torch.Tensor, gamma: float, group_size: int | None = None
+) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025, "REINFORCE++: a simple and efficient approach"): token returns-to-go of the
+    KL-shaped reward, optionally minus the group mean of sequence returns, whitened over every real token
+    of the batch (the global normalisation that replaces a critic). (B, R), 0 on padding."""
+    from quartet.algo.stats import masked_whiten
+
+    return masked_whiten(reinforce_pp_returns(rewards, mask, gamma, group_size), mask) * mask
+
+
+def remax_advantages(rewards: torch.Tensor, mask: torch.Tensor, greedy_scores: torch.Tensor) -> torch.Tensor:
+    """ReMax (Li et al. 2023): undiscounted returns-to-go minus the score of the greedy response to the same
+    prompt, a baseline that costs one greedy generation instead of a critic. greedy_scores: (B,) (already
+    repeated for the samples of each prompt). (B, R), 0 on padding."""
+    return (returns_to_go(rewards, mask, 1.0) - greedy_scores.to(rewards.dtype).unsqueeze(1)) * mask

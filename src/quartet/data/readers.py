@@ -73,6 +73,22 @@ def read_table(path: str | os.PathLike) -> Table:
     return table
 
 
+def check_data_path(path: str | os.PathLike) -> None:
+    """Fail now if ``path`` cannot be read as a dataset, without reading it: an empty path, an unknown
+    task or split, a missing file, an unknown file type. The rows are checked when a stage reads them."""
+    source = str(path)
+    if not source:
+        raise DataError("data path is empty: set `path:` to a file, a directory or task:<name>/<split>")
+    p = _task_file(source) if source.startswith("task:") else Path(source)
+    if not p.exists():
+        raise DataError(f"{source}: file not found")
+    if p.is_file() and p.suffix.lower() not in EXTENSIONS:
+        raise DataError(
+            f"{source}: unknown file type '{p.suffix or '(none)'}' "
+            f"(expected {', '.join(EXTENSIONS)}, a save_to_disk directory, or task:<name>/<split>)"
+        )
+
+
 def _task_file(spec: str) -> Path:
     from quartet.tasks import get_task  # the tasks package reads its files through this module
 

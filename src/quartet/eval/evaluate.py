@@ -53,6 +53,7 @@ from quartet.atomic import atomic_write_text
 from quartet.config import DataConfig
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
+from quartet.outputs import check_output_dir, write_marker
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
 
 log = logging.getLogger("quartet")
@@ -160,6 +161,7 @@ def evaluate(
     max_prompt_tokens: int = 256,
     batch_size: int = 16,
     sample_dtype: str = "auto",
+    overwrite: bool = False,
 ) -> EvalResult:
     """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
     :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
@@ -177,6 +179,8 @@ def evaluate(
     s.validate()
     if not checkpoints:
         raise ConfigError("eval: give at least one checkpoint")
+    if out is not None:
+        check_output_dir(out, "eval", overwrite, key="out")
     names = _unique_names(checkpoints)
     s.baseline = s.baseline or checkpoints[0]
     s.reference = s.reference or s.baseline
@@ -196,6 +200,8 @@ def evaluate(
 
     t0 = time.perf_counter()
     ref_model, ref_tok = _load(s.reference)
+    role = "checkpoint" if s.reference in checkpoints else "--reference"
+    _check_fits(ref_model, ref_tok, prompt_list, s, f"eval: {role} '{s.reference}'")
     models_by_path = {s.reference: (ref_model, ref_tok)}
     runs: dict[str, dict] = {}
     to_run = [(n, c) for n, c in zip(names, checkpoints)]
@@ -205,6 +211,13 @@ def evaluate(
     for name, path in to_run:
         t0 = time.perf_counter()
         model, tok = models_by_path.get(path) or _load(path)
+        _check_fits(model, tok, prompt_list, s, f"eval: checkpoint '{path}'")
+        if model is not ref_model and _same_vocab(tok, ref_tok) and _output_width(model) != _output_width(ref_model):
+            raise ConfigError(
+                f"eval: --reference '{s.reference}' scores {_output_width(ref_model)} tokens but checkpoint "
+                f"'{path}' scores {_output_width(model)}; KL needs one vocabulary: give a reference of the same "
+                f"model family and size"
+            )
         runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s)
         if path != s.reference:
             del model
@@ -222,6 +235,7 @@ def evaluate(
 def write_result(result: EvalResult, out: str | Path) -> None:
     """`<out>/samples.jsonl` first, then `<out>/eval.json` (its presence means the eval is complete)."""
     out = Path(out)
+    write_marker(out, "eval")
     atomic_write_text(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in result.records))
     atomic_write_text(out / "eval.json", json.dumps(result.to_dict(), indent=1) + "\n")
 
@@ -240,6 +254,7 @@ def cli(args) -> int:
         temperature=args.temperature,
         seed=args.seed,
         out=args.out,
+        overwrite=args.overwrite,
     )
     print(format_table(result))
     print()
@@ -565,7 +580,7 @@ def _load_gold(spec: str):
 def _load_rm(name: str):
     from quartet.models import load_reward_model
 
-    rm = load_reward_model(name, dtype=torch.float32)
+    rm = load_reward_model(name, dtype=torch.float32, trained=True)
     rm.eval().requires_grad_(False)
     return rm
 
@@ -575,6 +590,19 @@ def _task_judge(prompts: str) -> str | None:
     if prompts.startswith("task:"):
         return "task:" + prompts[len("task:") :].split("/")[0]
     return None
+
+
+def _check_fits(model, tok, prompt_list, s: EvalSettings, where: str) -> None:
+    from quartet.data import encode_prompts
+    from quartet.models.loading import check_context
+
+    ids = encode_prompts(tok, prompt_list, s.max_prompt_tokens, "left", True).input_ids
+    check_context(model, ids, s.max_new_tokens, where, "lower --max-new-tokens or use shorter prompts")
+
+
+def _output_width(model) -> int:
+    """V: the number of logits per position (the vocabulary the model scores)."""
+    return model.get_output_embeddings().weight.shape[0]
 
 
 def _same_vocab(tok, ref_tok) -> bool:

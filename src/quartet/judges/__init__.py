@@ -4,8 +4,13 @@ A reward function is ``(prompts: list[str], responses: list[str]) -> list[float]
 score per response. :func:`load_reward_fn` turns a config string into one:
 
 - ``task:<name>``: that task's gold judge (e.g. ``task:positive-review`` = VADER sentiment);
+- ``task:<name>/<judge>``: another judge the task offers (``task:positive-review/on-task`` pays VADER
+  only for responses about their prompt, ``task:positive-review/relevance`` is that on-task signal);
+- ``judge:<name>``: a built-in judge, :data:`JUDGES` (``judge:relevance``: MiniLM similarity of
+  response and prompt, see :mod:`quartet.judges.relevance`; ``judge:vader``: VADER of the response);
 - ``module:function`` (``function`` may be dotted, ``module:Class.method``): imported, the current
-  directory is also searched so a ``my_reward.py`` next to the config works with the installed CLI.
+  directory is also searched so a ``my_reward.py`` next to the config works with the installed CLI;
+- ``gate(...)``, ``sum(...)``, ``min(...)`` over any of these: see :mod:`quartet.judges.compose`.
 
 Reward-model directories are not reward functions: ``quartet.models.load_reward_model`` loads them
 (the PPO trainer picks that path itself). User callables are wrapped so a wrong return (count,
@@ -24,6 +29,8 @@ import sys
 from collections.abc import Callable
 
 from quartet.errors import ConfigError, ModelError
+from quartet.judges.compose import is_composite, parse_composite
+from quartet.judges.relevance import relevance
 from quartet.judges.vader import vader_score
 
 RewardFn = Callable[[list[str], list[str]], list[float]]
@@ -31,24 +38,57 @@ RewardFn = Callable[[list[str], list[str]], list[float]]
 _MODULE_FUNCTION = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
+def _vader(prompts: list[str], responses: list[str]) -> list[float]:
+    """VADER compound sentiment of each response alone, in [-1, 1]."""
+    return vader_score(responses)
+
+
+JUDGES: dict[str, RewardFn] = {"relevance": relevance, "vader": _vader}
+"""built-in judges, named in specs as ``judge:<name>``"""
+
+
 def load_reward_fn(spec: str) -> RewardFn:
-    """``task:<name>`` or ``module:function`` -> a checked reward function (see module docstring)."""
+    """A reward spec (see module docstring) -> a checked reward function."""
     spec = str(spec).strip()
+    return _checked(_load(spec, spec), spec)
+
+
+def _load(spec: str, where: str) -> Callable:
+    """One spec -> its unchecked callable; errors name ``where``, the whole spec the user wrote."""
+    if is_composite(spec):
+        return parse_composite(spec, lambda part: _checked(_load(part, where), part), where)
     if spec.startswith("task:"):
         from quartet.tasks import get_task
 
-        task = get_task(spec[len("task:") :])
-        return _checked(task.judge, spec)
+        name, _, judge = spec[len("task:") :].partition("/")
+        task = get_task(name)
+        if not judge:
+            return task.judge
+        if judge not in task.judges:
+            known = ", ".join(sorted(task.judges)) or "none"
+            raise ConfigError(f"reward '{where}': task {name} has no judge '{judge}' (its judges: {known})")
+        return task.judges[judge]
+    if spec.startswith("judge:"):
+        name = spec[len("judge:") :]
+        if name not in JUDGES:
+            raise ConfigError(f"reward '{where}': unknown judge '{spec}' (built-in: "
+                              f"{', '.join('judge:' + k for k in JUDGES)})")
+        return JUDGES[name]
     if _MODULE_FUNCTION.match(spec) and not os.path.exists(spec):
-        return _checked(_import_callable(spec), spec)
+        return _import_callable(spec, where)
+    if where != spec:
+        raise ConfigError(f"reward '{where}': '{spec}' is not a judge (task:<name>, judge:<name>, "
+                          f"module:function or a combination); reward-model directories cannot be combined")
     raise ModelError(
-        f"reward '{spec}': not a reward function spec (task:<name> or module:function); reward-model "
-        f"directories are loaded by quartet.models.load_reward_model, which the PPO trainer uses for them"
+        f"reward '{spec}': not a reward function spec (task:<name>, judge:<name>, module:function or "
+        f"gate/sum/min of them); reward-model directories are loaded by quartet.models.load_reward_model, "
+        f"which the PPO trainer uses for them"
     )
 
 
-def _import_callable(spec: str) -> Callable:
-    module_name, attr_path = spec.split(":", 1)
+def _import_callable(target: str, spec: str) -> Callable:
+    """``module:attr.path`` -> the callable; errors name ``spec``, the whole spec it appears in."""
+    module_name, attr_path = target.split(":", 1)
     module = _import(module_name, spec)
     obj = module
     for part in attr_path.split("."):
@@ -93,6 +133,8 @@ def _checked(fn: Callable, spec: str) -> RewardFn:
     def reward_fn(prompts: list[str], responses: list[str]) -> list[float]:
         try:
             scores = fn(list(prompts), list(responses))
+        except ConfigError:  # a part of a combined judge that failed its own check: its message names it
+            raise
         except Exception as e:
             raise ConfigError(f"reward '{spec}' raised {type(e).__name__}: {e}") from e
         if isinstance(scores, (str, bytes)) or not hasattr(scores, "__len__"):
@@ -118,4 +160,4 @@ def _checked(fn: Callable, spec: str) -> RewardFn:
     return reward_fn
 
 
-__all__ = ["RewardFn", "load_reward_fn", "vader_score"]
+__all__ = ["JUDGES", "RewardFn", "load_reward_fn", "relevance", "vader_score"]

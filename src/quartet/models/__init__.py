@@ -8,7 +8,14 @@ load_reward_model / save_reward_model -> RewardModel (sequence classifier + norm
 make_critic / save_critic / load_critic -> Critic (backbone + ScalarHead, per-token values)
 """
 
-from quartet.models.critic import Critic, ValueHeadCritic, load_critic, make_critic, save_critic
+from quartet.models.critic import (
+    Critic,
+    ValueHeadCritic,
+    load_critic,
+    make_critic,
+    save_critic,
+    save_value_head,
+)
 from quartet.models.heads import ScalarHead, value_head_for
 from quartet.models.loading import (
     ModelSource,
@@ -55,6 +62,7 @@ __all__ = [
     "save_critic",
     "save_model",
     "save_reward_model",
+    "save_value_head",
     "strip_quantization",
     "value_head_for",
 ]

@@ -132,3 +132,12 @@ def load_critic(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> 
         set_tokenizer_sides(tokenizer, padding="left")
     disable_dropout(backbone)
     return Critic(backbone, head, tokenizer, init=str(meta.get("init", "")))
+
+
+def save_value_head(head: ScalarHead, path: str | os.PathLike) -> Path:
+    """A shared critic's value head (it reads the actor's hidden states) as one safetensors file."""
+    from safetensors.torch import save
+
+    from quartet.atomic import atomic_write_bytes
+
+    return atomic_write_bytes(path, save({k: v.detach().contiguous() for k, v in head.state_dict().items()}))

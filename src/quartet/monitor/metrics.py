@@ -1,4 +1,4 @@
-"""Metric sinks: metrics.jsonl (always), TensorBoard (default), wandb / mlflow (optional extras).
+"""Metric sinks: metrics.jsonl (always), TensorBoard (default), W&B / MLflow / trackio (extras, tracking.py).
 
 A run directory holds one JSON object per logged step in ``metrics.jsonl``:
 ``{"stage": "ppo", "step": 12, "time": 1732300000.0, "objective/score": 0.41, ...}`` (docs/CONTRACTS.md).
@@ -10,16 +10,21 @@ json reads back) because the doctor needs to see them.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
 import time
 from pathlib import Path
 
-from quartet.errors import ConfigError, DataError
+from quartet.config import TrackingConfig
+from quartet.errors import DataError
+from quartet.monitor.tracking import open_trackers
+
+log = logging.getLogger("quartet")
 
 RESERVED = ("stage", "step", "time")
-PIPELINE_ORDER = ("sft", "label", "rm", "ppo", "eval")
+PIPELINE_ORDER = ("sft", "label", "rm", "ppo", "dpo", "eval")
 
 
 def _to_number(value):
@@ -35,43 +40,37 @@ def _to_number(value):
 
 
 class MetricsLogger:
-    """Write each step's metrics to every enabled sink.
+    """Write each step's metrics to metrics.jsonl and to the trackers of `tracking.report_to`.
 
-    wandb / mlflow: ``None`` or ``False`` = off; ``True`` = on with defaults; a dict = on, passed to
-    ``wandb.init(**kwargs)`` / used as ``{"experiment": name, "tracking_uri": uri}`` for mlflow.
-    They are imported only when enabled.
+    ``tracking`` (a TrackingConfig; default: TensorBoard only) picks the sinks; ``tensorboard`` overrides
+    its choice of TensorBoard. ``params`` (the stage config) is logged as the trackers' run parameters.
+    W&B / MLflow / trackio live in quartet.monitor.tracking: imported only when named, on the main process
+    only, and a tracker that fails while logging is dropped with one warning while the others go on.
     """
 
-    def __init__(self, run_dir, stage: str, tensorboard: bool = True, wandb=None, mlflow=None):
+    def __init__(self, run_dir, stage: str, tensorboard: bool | None = None, tracking=None, params=None):
         self.run_dir = Path(run_dir)
         self.stage = str(stage)
+        tracking = tracking if tracking is not None else TrackingConfig()
+        tracking.validate()
+        if tensorboard is None:
+            tensorboard = "tensorboard" in tracking.trackers
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
         needs_newline = _ends_mid_line(self.path)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         if needs_newline:  # a crash mid-write left a partial last line: start ours on a fresh one
             self._file.write("\n")
-        self._tb = self._wandb = self._mlflow = None
+        self._tb = None
+        try:
+            self._trackers = open_trackers(tracking, self.stage, self.run_dir, params)
+        except BaseException:
+            self._file.close()
+            raise
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"), flush_secs=10)
-        if wandb:
-            wb = _import_extra("wandb")
-            kwargs = dict(wandb) if isinstance(wandb, dict) else {}
-            kwargs.setdefault("dir", str(self.run_dir))
-            kwargs.setdefault("name", f"{self.run_dir.name}-{self.stage}")
-            self._wandb = wb.init(**kwargs)
-        if mlflow:
-            mf = _import_extra("mlflow")
-            opts = dict(mlflow) if isinstance(mlflow, dict) else {}
-            if opts.get("tracking_uri"):
-                mf.set_tracking_uri(opts["tracking_uri"])
-            if opts.get("experiment"):
-                mf.set_experiment(opts["experiment"])
-            if mf.active_run() is None:
-                mf.start_run(run_name=f"{self.run_dir.name}-{self.stage}")
-            self._mlflow = mf
 
     def log(self, step: int, metrics: dict) -> dict:
         """Append one record for ``step``; returns the record as written."""
@@ -88,11 +87,7 @@ class MetricsLogger:
         if self._tb is not None:
             for key, value in numbers.items():
                 self._tb.add_scalar(key, value, int(step))
-        if self._wandb is not None:
-            self._wandb.log(numbers, step=int(step))
-        if self._mlflow is not None:
-            finite = {k.replace("/", "."): v for k, v in numbers.items() if math.isfinite(v)}
-            self._mlflow.log_metrics(finite, step=int(step))
+        self._trackers.log(numbers, int(step))
         return record
 
     def close(self) -> None:
@@ -102,12 +97,7 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        if self._wandb is not None:
-            self._wandb.finish()
-            self._wandb = None
-        if self._mlflow is not None:
-            self._mlflow.end_run()
-            self._mlflow = None
+        self._trackers.finish()
 
     def __enter__(self) -> MetricsLogger:
         return self
@@ -124,22 +114,15 @@ def _ends_mid_line(path: Path) -> bool:
         return f.read(1) != b"\n"
 
 
-def _import_extra(name: str):
-    try:
-        return __import__(name)
-    except ImportError:
-        raise ConfigError(
-            f"{name} logging is enabled but {name} is not installed: pip install 'quartet[{name}]'"
-        ) from None
-
-
-def read_metrics(run_dir, stage: str | None = None) -> list[dict]:
+def read_metrics(run_dir, stage: str | None = None, warn: bool = True) -> list[dict]:
     """Records of ``run_dir/metrics.jsonl`` in file order, optionally only one stage's.
 
     A last line cut short by a crash is skipped; a broken line elsewhere is a DataError naming it.
     When a resumed run logs a step lower than one already logged for its stage, the earlier records
     from that step on are dropped: they belong to iterations the resume discarded.
-    A missing file gives an empty list.
+    A missing file gives an empty list. Values of the wrong type (text or lists where numbers belong, a
+    step that is not a whole number) are left out with one warning naming them (``warn``), so the
+    report and the doctor only ever see numbers.
     """
     path = Path(run_dir)
     if path.is_dir():
@@ -149,6 +132,7 @@ def read_metrics(run_dir, stage: str | None = None) -> list[dict]:
     lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     records: list[dict] = []
+    notes: list[str] = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -160,11 +144,48 @@ def read_metrics(run_dir, stage: str | None = None) -> list[dict]:
             if i == last or (i + 1 < len(lines) and _is_cut_line(line, lines[i + 1])):
                 continue
             raise DataError(f"{path} line {i + 1}: not a JSON object") from None
-        records.append(rec)
+        rec = _clean_record(rec, i + 1, notes)
+        if rec is not None:
+            records.append(rec)
+    if notes and warn:
+        shown = "; ".join(notes[:3]) + (f"; and {len(notes) - 3} more" if len(notes) > 3 else "")
+        log.warning("%s: ignored %d value(s) of the wrong type: %s", path, len(notes), shown)
     records = _drop_rewound(records)
     if stage is not None:
         records = [r for r in records if r.get("stage") == stage]
     return records
+
+
+MAX_STEP = 2**53
+"""steps are integers a float holds exactly"""
+
+
+def _clean_record(rec: dict, lineno: int, notes: list[str]) -> dict | None:
+    """``rec`` with every value of the wrong type left out and noted: a metric is a number or null, `stage`
+    is text, `step` a whole number in [0, 2**53]. A record whose stage or step is unusable is left out whole."""
+    stage, step = rec.get("stage"), rec.get("step")
+    if "stage" in rec and not isinstance(stage, str):
+        notes.append(f"line {lineno}: stage {_short(stage)} is not text (record left out)")
+        return None
+    if "step" in rec and not (_is_number(step) and float(step).is_integer() and 0 <= step <= MAX_STEP):
+        notes.append(f"line {lineno}: step {_short(step)} is not a whole number >= 0 (record left out)")
+        return None
+    out = {}
+    for key, value in rec.items():
+        if key in ("stage", "step") or value is None or _is_number(value):
+            out[key] = value
+        else:
+            notes.append(f"line {lineno}: {key} = {_short(value)} is not a number")
+    return out
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _is_cut_line(line: str, following: str) -> bool:
@@ -205,7 +226,7 @@ def stage_dirs(run_dir) -> list[tuple[str, Path]]:
 
 
 def _stage_name(run_dir: Path) -> str:
-    for rec in read_metrics(run_dir)[:1]:
+    for rec in read_metrics(run_dir, warn=False)[:1]:
         if rec.get("stage"):
             return str(rec["stage"])
     return run_dir.name

@@ -9,6 +9,7 @@ re-casting the fp32 master weights at every decoding step.
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Protocol
 
 import torch
@@ -22,10 +23,12 @@ class GenerationEngine(Protocol):
         """Copy the actor's current weights (LoRA merged) into the engine."""
 
     def generate(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
+        greedy: bool = False,
     ) -> Rollout:
         """Sample `num_samples` responses per left-padded prompt row; row i's samples are rows
-        i * num_samples ... (i + 1) * num_samples - 1 of the Rollout."""
+        i * num_samples ... (i + 1) * num_samples - 1 of the Rollout. `greedy`: the most likely
+        response instead (ReMax's baseline)."""
 
 
 def merged_state_dict(actor: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -74,6 +77,8 @@ class HFEngine:
             pad_token_id=tokenizer.pad_token_id,
             use_cache=True,
         )
+        self.greedy_config = copy.deepcopy(self.generation_config)
+        self.greedy_config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         self.sync(actor)
 
     def sync(self, actor: torch.nn.Module) -> None:
@@ -87,8 +92,10 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
+        greedy: bool = False,
     ) -> Rollout:
+        config = self.greedy_config if greedy else self.generation_config
         if seed is not None:
             torch.manual_seed(seed)
         chunks = []
@@ -101,7 +108,7 @@ class HFEngine:
                 cache = self._shared_prefill(ids, mask, num_samples)
             ids, mask = ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0)
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=self.generation_config
+                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=config
             )
             chunks.append(out[:, ids.shape[1] :])
         width = max(c.shape[1] for c in chunks)

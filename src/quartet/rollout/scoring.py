@@ -8,6 +8,7 @@ template and re-encoded), so an actor and a reward model from different families
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import torch
@@ -20,6 +21,28 @@ def is_reward_model_spec(spec: str) -> bool:
     if spec == "minilm" or Path(spec).is_dir():
         return True
     return False
+
+
+def _missing_dir(spec: str) -> bool:
+    """A path (it has a slash, and no `task:` / `module:function` colon) that does not exist."""
+    return ("/" in spec or os.sep in spec) and ":" not in spec and not Path(spec).exists()
+
+
+def check_reward_spec(spec: str) -> None:
+    """Fail now, in one line, if ``spec`` cannot be a reward, without loading a model: a reward-model dir
+    must exist, hold a trained head (see `check_trained_reward_model`), a readable config.json and whole
+    weight files; a `task:<name>` must exist; a `module:function` must import and be callable (this
+    imports the user's module)."""
+    if _missing_dir(spec):
+        raise ConfigError(f"reward '{spec}': no such reward-model directory")
+    if is_reward_model_spec(spec):
+        from quartet.models.reward import check_trained_reward_model
+
+        check_trained_reward_model(spec)
+    else:
+        from quartet.judges import load_reward_fn
+
+        load_reward_fn(spec)
 
 
 class Scorer:
@@ -36,11 +59,13 @@ class Scorer:
         if is_reward_model_spec(spec):
             from quartet.models import load_reward_model
 
-            self.reward_model = load_reward_model(spec, dtype=dtype)
+            self.reward_model = load_reward_model(spec, dtype=dtype, trained=True)
             self.reward_model.eval().requires_grad_(False)
         else:
             from quartet.judges import load_reward_fn
 
+            if _missing_dir(spec):
+                raise ConfigError(f"reward '{spec}': no such reward-model directory")
             self.fn = load_reward_fn(spec)
 
     def __call__(self, prompts: list, responses: list[str]) -> torch.Tensor:
@@ -101,16 +126,19 @@ def shape_scores(
     missing_eos_penalty: float | None,
     moments: RunningMoments | None,
     clip: float | None,
+    update: bool = True,
 ) -> torch.Tensor:
     """Raw scores -> the scores PPO optimises: EOS penalty, then running normalisation, then clipping.
 
-    scores: (B,), eos: (B,) bool. Responses cut at max_new_tokens lose `missing_eos_penalty`.
+    scores: (B,), eos: (B,) bool. Responses cut at max_new_tokens lose `missing_eos_penalty`. With
+    `update=False` the running moments normalise without counting these scores (a baseline's scores).
     """
     out = scores.clone()
     if missing_eos_penalty is not None:
         out[~eos] -= missing_eos_penalty
     if moments is not None:
-        moments.update(out)
+        if update:
+            moments.update(out)
         out = (out - moments.mean) / max(moments.std, 1e-6)
     if clip is not None:
         out = out.clamp(-clip, clip)

@@ -1,11 +1,14 @@
 """Built-in tasks: prompt files shipped with the package plus a gold judge.
 
 ``get_task(name)`` returns a :class:`Task`; ``task:<name>/<split>`` works as a data path anywhere a
-dataset file does, and ``task:<name>`` as a reward spec (the gold judge).
+dataset file does, ``task:<name>`` as a reward spec (the gold judge) and ``task:<name>/<judge>`` as
+one of the task's other judges (:attr:`Task.judges`).
 
 - ``positive-review`` (default): write a short movie review continuing a neutral or mixed opening;
   gold judge = VADER compound sentiment of the response, in [-1, 1]. Splits: train (480),
-  eval (96, films never seen in train), sft (198 demonstrations of mixed sentiment).
+  eval (96, films never seen in train), sft (198 demonstrations of mixed sentiment). Judges:
+  ``relevance`` (MiniLM similarity of the response to the review opening) and ``on-task`` (VADER gated
+  by that relevance: pays only for positive reviews of the film in the prompt).
 - ``tiny-target``: short random-letter prompts for tests with tiny byte-level models; gold judge =
   fraction of response characters in :data:`quartet.tasks.tiny_target.TARGET_CHARS`, in [0, 1].
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from quartet.errors import DataError
@@ -32,6 +35,8 @@ class Task:
     splits: tuple[str, ...]
     score_range: tuple[float, float]
     """the judge's scores always lie in this closed interval"""
+    judges: dict[str, RewardFn] = field(default_factory=dict)
+    """other judges of the task by name (reward spec ``task:<name>/<judge>``): an on-task signal, composites"""
 
     def split_path(self, split: str) -> Path:
         """The JSONL file of ``split``; DataError naming the known splits otherwise."""
@@ -75,6 +80,8 @@ def cli(args=None) -> int:
         lo, hi = task.score_range
         print(f"{name}\n  {task.description}\n  splits: {splits}\n  gold judge range: [{lo:g}, {hi:g}]; "
               f"use as data `task:{name}/<split>`, as reward `task:{name}`")
+        if task.judges:
+            print(f"  other judges: {', '.join(f'task:{name}/{j}' for j in task.judges)}")
     return 0
 
 

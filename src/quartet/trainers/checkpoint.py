@@ -1,13 +1,21 @@
-"""Resumable training state, written atomically.
+"""Resumable training state, written atomically, read without unpickling anything.
 
 A checkpoint directory `checkpoints/iter-N/` holds:
     <module>.safetensors   the trainable tensors of each trained module (LoRA adapter, value head, ...)
-    state.pt               optimizer, scheduler, KL controller, reward statistics, RNG states, counters
+    state.safetensors      every tensor of the training state (optimizer moments, RNG states)
+    state.json             the rest of that state (counters, scheduler, KL controller, ...), with each
+                           tensor replaced by a reference into state.safetensors
 A directory appears under its final name only once every file in it is complete.
+
+Nothing here calls `pickle` or `torch.load`: a crafted checkpoint can hold wrong numbers, never code.
+Checkpoints of older versions (a pickled `state.pt`) are refused with a message instead of read.
+This is the one module that reads checkpoints; `load_latest` falls back past a damaged newest one.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import random
 import re
 import shutil
@@ -15,12 +23,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from quartet.atomic import atomic_dir
 from quartet.errors import ConfigError
 
+log = logging.getLogger("quartet")
 _ITER = re.compile(r"^iter-(\d+)$")
+STATE_JSON, STATE_TENSORS, LEGACY_STATE = "state.json", "state.safetensors", "state.pt"
 
 
 def trainable_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -34,6 +45,10 @@ def load_trainable_state(module: torch.nn.Module, state: dict[str, torch.Tensor]
     unexpected = [n for n in state if n not in params]
     if missing or unexpected:
         raise ConfigError(f"{where}: checkpoint does not match the model (missing {missing[:2]}, unexpected {unexpected[:2]})")
+    wrong = [n for n, v in state.items() if v.shape != params[n].shape]
+    if wrong:
+        raise ConfigError(f"{where}: tensor {wrong[0]} has shape {tuple(state[wrong[0]].shape)}, the model's is "
+                          f"{tuple(params[wrong[0]].shape)}")
     with torch.no_grad():
         for name, value in state.items():
             params[name].copy_(value)
@@ -49,6 +64,7 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
 
 
+# --------------------------------------------------------------------------- writing
 def save_checkpoint(run_dir: Path, iteration: int, modules: dict[str, torch.nn.Module], state: dict, keep: int) -> Path:
     """Write checkpoints/iter-<iteration>/ atomically and prune all but the newest `keep`."""
     root = Path(run_dir) / "checkpoints"
@@ -57,12 +73,69 @@ def save_checkpoint(run_dir: Path, iteration: int, modules: dict[str, torch.nn.M
         for name, module in modules.items():
             if module is not None:
                 save_file(trainable_state(module), str(tmp / f"{name}.safetensors"))
-        torch.save({**state, "rng": rng_state()}, tmp / "state.pt")
+        tensors: dict[str, torch.Tensor] = {}
+        tree = encode_state({**state, "rng": rng_state()}, tensors)
+        save_file(tensors, str(tmp / STATE_TENSORS))
+        (tmp / STATE_JSON).write_text(json.dumps(tree) + "\n", encoding="utf-8")
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return path
 
 
+def encode_state(obj, tensors: dict[str, torch.Tensor]):
+    """A JSON-able tree for `obj`; tensors go into `tensors` and are referenced by name.
+
+    Dicts with non-string keys (optimizer state is keyed by parameter index), tuples (RNG states) and
+    numpy arrays are tagged so that `decode_state` gives back the same types.
+    """
+    if isinstance(obj, torch.Tensor):
+        name = f"t{len(tensors)}"
+        tensors[name] = obj.detach().to("cpu").contiguous().clone()
+        return {"__tensor__": name}
+    if isinstance(obj, np.ndarray):
+        return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [encode_state(v, tensors) for v in obj]}
+    if isinstance(obj, list):
+        return [encode_state(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: encode_state(v, tensors) for k, v in obj.items()}
+        return {"__items__": [[encode_state(k, tensors), encode_state(v, tensors)] for k, v in obj.items()]}
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    raise TypeError(f"checkpoint state: cannot store a {type(obj).__name__}")
+
+
+def decode_state(tree, tensors: dict[str, torch.Tensor]):
+    """The inverse of `encode_state`; a malformed tree raises ValueError."""
+    if isinstance(tree, list):
+        return [decode_state(v, tensors) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if "__tensor__" in tree:
+        name = tree["__tensor__"]
+        if name not in tensors:
+            raise ValueError(f"refers to tensor {name!r}, which state.safetensors does not hold")
+        return tensors[name]
+    if "__ndarray__" in tree:
+        return np.asarray(tree["__ndarray__"], dtype=np.dtype(tree["dtype"]))
+    if "__tuple__" in tree:
+        return tuple(decode_state(v, tensors) for v in tree["__tuple__"])
+    if "__items__" in tree:
+        return {_hashable(decode_state(k, tensors)): decode_state(v, tensors) for k, v in tree["__items__"]}
+    return {k: decode_state(v, tensors) for k, v in tree.items()}
+
+
+def _hashable(key):
+    if isinstance(key, (list, dict, torch.Tensor)):
+        raise ValueError(f"a dict key of type {type(key).__name__}")
+    return key
+
+
+# --------------------------------------------------------------------------- reading
 def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
@@ -71,16 +144,108 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def load_checkpoint(path: Path, modules: dict[str, torch.nn.Module]) -> dict:
-    """Restore module tensors from `path` and return the saved state dict (RNG restored too)."""
+def read_checkpoint(path: Path, module_names: list[str]) -> tuple[dict[str, dict], dict]:
+    """Read (module tensors by module name, training state) from `path` without applying anything.
+
+    Any missing, truncated or malformed file is a ConfigError naming it.
+    """
     path = Path(path)
+    if (path / LEGACY_STATE).exists() and not (path / STATE_JSON).exists():
+        raise ConfigError(
+            f"{path / LEGACY_STATE}: checkpoint of an older Quartet (pickled state); it is not loaded because "
+            f"unpickling a file can run code. Start a new run, or resume with the Quartet version that wrote it"
+        )
+    modules = {name: _read_tensors(path / f"{name}.safetensors") for name in module_names}
+    tensors = _read_tensors(path / STATE_TENSORS)
+    file = path / STATE_JSON
+    try:
+        tree = json.loads(file.read_text(encoding="utf-8"))
+        state = decode_state(tree, tensors)
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: missing from the checkpoint") from None
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        raise ConfigError(f"{file}: damaged or not a Quartet checkpoint state ({e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("iteration"), int) or "rng" not in state:
+        raise ConfigError(f"{file}: not a Quartet checkpoint state (no iteration or RNG state)")
+    return modules, state
+
+
+def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
+    if not file.is_file():
+        raise ConfigError(f"{file}: missing from the checkpoint (it was written by a different setup, or deleted)")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise ConfigError(f"{file}: damaged safetensors file ({str(e).splitlines()[0][:120]})") from None
+
+
+def load_checkpoint(path: Path, modules: dict[str, torch.nn.Module | None]) -> dict:
+    """Restore module tensors from `path` and return the saved state dict (RNG restored too)."""
+    present = {k: m for k, m in modules.items() if m is not None}
+    return _apply(path, present, *read_checkpoint(path, list(present)))
+
+
+def _apply(path: Path, modules: dict[str, torch.nn.Module], tensors: dict[str, dict], state: dict) -> dict:
     for name, module in modules.items():
-        if module is None:
-            continue
-        file = path / f"{name}.safetensors"
-        if not file.is_file():
-            raise ConfigError(f"{path}: checkpoint has no {file.name}; it was written by a different setup")
-        load_trainable_state(module, load_file(str(file)), str(file))
-    state = torch.load(path / "state.pt", weights_only=False)
-    set_rng_state(state.pop("rng"))
+        load_trainable_state(module, tensors[name], str(Path(path) / f"{name}.safetensors"))
+    try:
+        set_rng_state(state.pop("rng"))
+    except (TypeError, ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(f"{Path(path) / STATE_JSON}: damaged RNG state ({e})") from None
     return state
+
+
+def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None]) -> tuple[Path, dict]:
+    """Load the newest checkpoint that reads completely; a damaged newer one is reported and skipped.
+
+    Raises ConfigError when there is no checkpoint, or when none can be read (naming the newest's fault).
+    Checkpoints are read before anything is applied, so a damaged one leaves the modules untouched.
+    """
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise ConfigError(f"{run_dir}: --resume given but there is no checkpoint under {Path(run_dir) / 'checkpoints'}")
+    present = {k: m for k, m in modules.items() if m is not None}
+    errors = []
+    for path in reversed(found):
+        try:
+            tensors, state = read_checkpoint(path, list(present))
+        except ConfigError as e:
+            if LEGACY_STATE in str(e):
+                raise
+            errors.append(e)
+            log.warning("resume: skipping damaged checkpoint: %s", e)
+            continue
+        if errors:
+            log.warning("resume: continuing from %s, the newest checkpoint that reads completely", path.name)
+        return path, _apply(path, present, tensors, state)
+    raise ConfigError(f"no readable checkpoint in {Path(run_dir) / 'checkpoints'}; the newest: {errors[0]}")
+
+
+# --------------------------------------------------------------------------- best iteration
+class BestTracker:
+    """The trainable weights of the best iteration by `metric`, kept on disk (checkpoints/best/) rather
+    than in memory or in every checkpoint's state; its (value, iteration) go into the state."""
+
+    def __init__(self, run_dir: Path, metric: str):
+        self.dir = Path(run_dir) / "checkpoints" / "best"
+        self.metric = metric
+        self.value: float | None = None
+        self.iteration: int | None = None
+
+    def update(self, iteration: int, metrics: dict, module: torch.nn.Module) -> bool:
+        value = metrics.get(self.metric)
+        if value is None or value != value or (self.value is not None and value <= self.value):
+            return False
+        with atomic_dir(self.dir) as tmp:
+            save_file(trainable_state(module), str(tmp / "weights.safetensors"))
+        self.value, self.iteration = float(value), int(iteration)
+        return True
+
+    def load_into(self, module: torch.nn.Module) -> None:
+        load_trainable_state(module, _read_tensors(self.dir / "weights.safetensors"), str(self.dir))
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "iteration": self.iteration}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value, self.iteration = state.get("value"), state.get("iteration")

@@ -23,9 +23,12 @@ import torch
 from quartet.atomic import atomic_write_text
 from quartet.config import LabelConfig, load_config, save_config, validate
 from quartet.data import encode_prompts, left_pad, load_prompts
-from quartet.errors import DataError
+from quartet.errors import ConfigError, DataError
 from quartet.models import load_causal_lm
+from quartet.models.loading import check_context
 from quartet.monitor import Progress
+from quartet.monitor.tracking import open_trackers
+from quartet.outputs import check_output_file, run_lock
 from quartet.rollout.engine import make_engine
 from quartet.rollout.scoring import Scorer
 from quartet.trainers import loop
@@ -60,8 +63,15 @@ class LabelResult:
     summary: Path = field(default=None)
 
 
-def label(cfg: LabelConfig) -> LabelResult:
+def label(cfg: LabelConfig, overwrite: bool = False) -> LabelResult:
     validate(cfg)
+    output = Path(cfg.output)
+    check_output_file(output, overwrite or _sidecar(output, "config.yaml").is_file(), "label.output")
+    with run_lock(output, "label.output"):
+        return _label(cfg, output)
+
+
+def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     loop.seed_everything(cfg.seed)
     timer = loop.Timer()
     # 1. inputs first, so a bad file or judge fails before any sampling
@@ -70,6 +80,8 @@ def label(cfg: LabelConfig) -> LabelResult:
     model, tok = load_causal_lm(cfg.policy, torch.float32)
     encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
                              cfg.prompts.chat_template, where=cfg.prompts.path)
+    check_context(model, encoded.input_ids, cfg.generation.max_new_tokens, f"label.policy '{cfg.policy}'",
+                  "lower prompts.max_prompt_tokens or generation.max_new_tokens")
     prompts = [examples[i].prompt for i in encoded.kept]
     engine = make_engine(model, tok, cfg.generation, loop.generation_dtype("auto"))
     del model  # the engine holds its own low-precision copy
@@ -102,7 +114,6 @@ def label(cfg: LabelConfig) -> LabelResult:
         )
 
     # 3. write the pairs (atomically) + the config and a summary beside them
-    output = Path(cfg.output)
     atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     save_config(cfg, _sidecar(output, "config.yaml"))
     gaps = [r["chosen_score"] - r["rejected_score"] for r in rows]
@@ -131,6 +142,7 @@ def label(cfg: LabelConfig) -> LabelResult:
         },
     )
     atomic_write_text(result.summary, summary)
+    _report(cfg, result)
     print(summary)
     return result
 
@@ -163,11 +175,27 @@ def make_pairs(answers: list[str], scores: list[float], pairing: str, min_gap: f
     return pairs
 
 
+def _report(cfg: LabelConfig, result: LabelResult) -> None:
+    """Label has no curve to log: its counts go to the trackers of `cfg.tracking` once, as step 0. The pairs
+    are written by then, so a tracker that cannot start costs a warning, not the stage."""
+    try:
+        trackers = open_trackers(cfg.tracking, "label", params=cfg)
+    except ConfigError as e:
+        log.warning("warning: %s", e)
+        return
+    c = result.counts
+    trackers.log({"label/prompts": c.prompts, "label/samples": c.samples, "label/pairs": c.pairs,
+                  "label/ties": c.ties, "label/empty": c.empty, "label/duplicates": c.duplicates,
+                  "label/score_mean": result.score_mean, "label/gap_mean": result.gap_mean,
+                  "timing/total": result.seconds}, 0)
+    trackers.finish()
+
+
 def _sidecar(output: Path, suffix: str) -> Path:
     """runs/label/preferences.jsonl -> runs/label/preferences.<suffix>"""
     return output.with_name(f"{output.stem}.{suffix}")
 
 
 def cli(args) -> int:
-    label(load_config(LabelConfig, args.config, args.overrides))
+    label(load_config(LabelConfig, args.config, args.overrides), overwrite=args.overwrite)
     return 0

@@ -27,6 +27,7 @@ from transformers import get_scheduler
 from quartet.atomic import atomic_dir
 from quartet.config import OptimConfig
 from quartet.errors import ConfigError, DataError
+from quartet.outputs import check_output_dir, run_lock, run_stage, write_marker
 
 log = logging.getLogger("quartet")
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
@@ -77,12 +78,16 @@ def generation_dtype(precision: str) -> torch.dtype:
 
 
 @contextlib.contextmanager
-def run_dir(output_dir: str, accelerator: Accelerator) -> Iterator[Path]:
+def run_dir(output_dir: str, accelerator: Accelerator, stage: str, overwrite: bool = False) -> Iterator[Path]:
     """The run directory to write into: on the main process a temporary dir renamed onto `output_dir`
-    only when the block succeeds (so a crash leaves no half-written run); on other processes of a
-    multi-process launch a scratch dir that is thrown away."""
+    only when the block succeeds (so a crash leaves no half-written run), under the run lock and the
+    output rule of `quartet.outputs`; on other processes of a multi-process launch a scratch dir that
+    is thrown away."""
     if accelerator.is_main_process:
-        with atomic_dir(output_dir) as tmp:
+        path = check_output_dir(output_dir, stage, overwrite)
+        foreign = path.is_dir() and run_stage(path) != stage and any(path.iterdir())
+        with run_lock(path, f"{stage}.output_dir"), atomic_dir(path, merge=foreign) as tmp:
+            write_marker(tmp, stage)
             yield tmp
             accelerator.wait_for_everyone()
     else:
@@ -146,14 +151,20 @@ def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int, n
     """AdamW over the trainable parameters + warmup then constant/linear/cosine decay to 0."""
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.adam_eps)
-    # accelerate's scheduler wrapper steps once per process per optimizer step
-    scheduler = get_scheduler(
+    return optimizer, make_scheduler(optimizer, cfg, total_steps, num_processes)
+
+
+def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int, num_processes: int = 1):
+    """Warmup then constant/linear/cosine decay to 0 over `total_steps` optimizer steps.
+
+    accelerate's scheduler wrapper steps the schedule once per process per optimizer step, hence the
+    `num_processes` factor (without it an N-process run decays N times too fast)."""
+    return get_scheduler(
         SCHEDULES[cfg.schedule],
         optimizer,
         num_warmup_steps=min(cfg.warmup_steps, total_steps) * num_processes,
         num_training_steps=total_steps * num_processes,
     )
-    return optimizer, scheduler
 
 
 def optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, max_grad_norm: float | None) -> float:

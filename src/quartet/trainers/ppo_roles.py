@@ -1,12 +1,18 @@
-"""The four PPO roles (Actor, Critic, Reference, Reward) and the forwards that read them.
+"""The four roles of the policy-gradient trainers (Actor, Critic, Reference, Reward) and their forwards.
 
-- Actor: a causal LM in fp32 master weights, optionally LoRA (peft).
-- Critic: a value head on the Actor's last hidden state ("shared": one forward gives logits and
-  values) or a separate backbone + value head ("separate"), initialised from the reward model when it
-  shares the Actor's vocabulary, else from the policy.
+- Actor: a causal LM in fp32 master weights, optionally LoRA (peft). It owns its sampling temperature:
+  every log-prob of the actor or the reference is taken from logits / temperature, so no forward can
+  score tokens under another distribution than the one they were sampled from.
+- Critic: only for estimators that need one (GAE). "shared": a value head on the Actor's last hidden
+  state (one forward gives log-probs and values); "separate": its own backbone + value head, initialised
+  from the reward model when it shares the Actor's vocabulary, else from the policy.
 - Reference: the Actor with its adapter disabled when LoRA is on (no second copy in memory), else a
   frozen copy.
-- Reward: a `Scorer` (reward model with any tokenizer, or a reward callable).
+- Reward: a `Scorer` (reward model with any tokenizer, or a reward callable); `gold` is an optional
+  second judge that is logged, never optimised.
+
+`PolicyModel` holds the Actor and the Critic as one `nn.Module`, so `accelerator.prepare` wraps both
+once and DDP reduces the gradients of both.
 
 Tensor legend (rollout/record.py): B batch, P prompt (left-padded), R response, T = P + R, V vocab.
 """
@@ -17,6 +23,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from quartet.algo import entropy_from_logits, gather_logprobs
 from quartet.config import PPOConfig
@@ -25,23 +32,66 @@ from quartet.rollout.record import Rollout, position_ids_from_mask
 from quartet.rollout.scoring import Scorer, is_reward_model_spec
 
 
+class PolicyModel(nn.Module):
+    """Actor (+ Critic): `forward(rollout) -> (logprobs, entropy, values)`, each (B, R) (values None
+    without a critic). `critic` is a ScalarHead on the actor's hidden states (`shared_critic`) or a
+    separate `models.Critic`."""
+
+    def __init__(self, actor: nn.Module, critic: nn.Module | None, shared_critic: bool, temperature: float):
+        super().__init__()
+        self.actor = actor
+        self.critic = critic
+        self.shared_critic = shared_critic and critic is not None
+        self.temperature = float(temperature)
+
+    def forward(self, ro: Rollout, with_entropy_grad: bool = False):
+        logprobs, entropy, hidden = actor_logprobs(
+            self.actor, ro, self.temperature, with_entropy_grad=with_entropy_grad, hidden=self.shared_critic
+        )
+        values = None
+        if self.critic is not None:
+            if self.shared_critic:
+                values = self.critic(hidden).float()  # V(s_t) before token t, from the actor's hidden state
+            else:
+                ids, mask, pos = _inputs(ro)
+                values = self.critic(ids, mask, pos)[:, ro.prompt_ids.shape[1] - 1 : -1].float()
+        return logprobs, entropy, values
+
+
 @dataclass
 class Roles:
-    actor: torch.nn.Module
+    policy: PolicyModel  # the Actor and, when the estimator needs one, the Critic
     tokenizer: object
-    reference: torch.nn.Module | None  # None: the adapter-disabled actor is the reference
-    value_head: torch.nn.Module | None  # shared critic
-    critic: torch.nn.Module | None  # separate critic: forward(ids, mask, position_ids) -> (B, T)
+    reference: nn.Module | None  # None: the adapter-disabled actor is the reference
     scorer: Scorer
     gold: Scorer | None
 
     @property
-    def critic_module(self) -> torch.nn.Module | None:
-        return self.value_head if self.value_head is not None else self.critic
+    def actor(self) -> nn.Module:
+        return self.policy.actor
+
+    @property
+    def critic(self) -> nn.Module | None:
+        return self.policy.critic
+
+    @property
+    def temperature(self) -> float:
+        return self.policy.temperature
+
+    @contextlib.contextmanager
+    def reference_model(self):
+        """The model that plays the Reference: a frozen copy, or the actor with its adapter disabled."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        from quartet.models import adapter_disabled
+
+        with adapter_disabled(self.actor):
+            yield self.actor
 
 
-def build_roles(cfg: PPOConfig) -> Roles:
-    from quartet.models import apply_lora, disable_dropout, load_causal_lm
+def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
+    from quartet.models import apply_lora, disable_dropout, load_causal_lm, value_head_for
 
     actor, tok = load_causal_lm(cfg.policy, dtype=torch.float32)
     disable_dropout(actor)
@@ -56,18 +106,14 @@ def build_roles(cfg: PPOConfig) -> Roles:
         disable_dropout(reference)
     scorer = Scorer(cfg.reward)
     gold = Scorer(cfg.gold) if cfg.gold else None
-    value_head = critic = None
-    if cfg.policy_loss == "ppo":
-        if cfg.critic == "shared":
-            from quartet.models import value_head_for
-
-            value_head = value_head_for(actor)
-        else:
-            critic = _build_critic(cfg, tok)
-    return Roles(actor, tok, reference, value_head, critic, scorer, gold)
+    critic = None
+    if needs_critic:
+        critic = value_head_for(actor) if cfg.critic == "shared" else _build_critic(cfg, tok)
+    policy = PolicyModel(actor, critic, cfg.critic == "shared", cfg.generation.temperature)
+    return Roles(policy, tok, reference, scorer, gold)
 
 
-def _build_critic(cfg: PPOConfig, actor_tok) -> torch.nn.Module:
+def _build_critic(cfg: PPOConfig, actor_tok) -> nn.Module:
     from quartet.models import disable_dropout, load_tokenizer, make_critic
 
     init = cfg.critic_init
@@ -85,63 +131,32 @@ def _build_critic(cfg: PPOConfig, actor_tok) -> torch.nn.Module:
     return critic
 
 
-def _mb_inputs(ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _inputs(ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ids, mask = ro.input_ids, ro.attention_mask
     return ids, mask, position_ids_from_mask(mask)
 
 
-def policy_forward(
-    model: torch.nn.Module,
-    ro: Rollout,
-    temperature: float,
-    *,
-    value_head: torch.nn.Module | None = None,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Teacher-forced log-probs of the sampled responses: (logprobs, entropy, values), each (B, R).
+def actor_logprobs(
+    model: nn.Module, ro: Rollout, temperature: float, *, with_entropy_grad: bool = False, hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Teacher-forced log-probs of the sampled responses under `model` at `temperature`:
+    (logprobs (B, R), entropy (B, R), hidden states before each response token (B, R, H) or None).
 
-    Logits are divided by the sampling temperature so the log-probs are those of the distribution the
-    responses were drawn from. Positions skip left padding exactly as `generate` did.
+    Positions skip left padding exactly as `generate` did. The entropy keeps its graph only when
+    asked (an entropy bonus); otherwise it is a detached statistic.
     """
-    ids, mask, pos = _mb_inputs(ro)
+    ids, mask, pos = _inputs(ro)
     P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
     out = model(
-        input_ids=ids,
-        attention_mask=mask,
-        position_ids=pos,
-        logits_to_keep=R + 1,
-        output_hidden_states=value_head is not None,
-        use_cache=False,
+        input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=R + 1,
+        output_hidden_states=hidden, use_cache=False,
     )
     logits = out.logits[:, :-1] / temperature  # (B, R, V): logits at t predict token t + 1
     logprobs = gather_logprobs(logits, ro.response_ids)
-    entropy = None
-    if with_entropy:
+    if with_entropy_grad:
         entropy = entropy_from_logits(logits)
     else:
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach())
-    values = None
-    if value_head is not None:
-        values = value_head(out.hidden_states[-1][:, P - 1 : -1]).float()  # (B, R): V(s_t) before token t
-    return logprobs.float(), entropy.float(), values
-
-
-def critic_forward(critic: torch.nn.Module, ro: Rollout) -> torch.Tensor:
-    """Separate critic's values for each response token's state, (B, R)."""
-    ids, mask, pos = _mb_inputs(ro)
-    P = ro.prompt_ids.shape[1]
-    values = critic(ids, mask, pos)  # (B, T)
-    return values[:, P - 1 : -1].float()
-
-
-@contextlib.contextmanager
-def reference_model(roles: Roles):
-    """The model that plays the Reference: a frozen copy, or the actor with its adapter disabled."""
-    if roles.reference is not None:
-        yield roles.reference
-        return
-    from quartet.models import adapter_disabled
-
-    with adapter_disabled(roles.actor):
-        yield roles.actor
+    states = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
+    return logprobs.float(), entropy.float(), states

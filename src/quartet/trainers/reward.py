@@ -27,6 +27,7 @@ from quartet.config import RewardConfig, load_config, save_config, validate
 from quartet.data import encode_pairs, encode_prompts, left_pad, load_preferences, load_prompts, right_pad
 from quartet.errors import DataError
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
+from quartet.models.loading import check_context
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.rollout.engine import make_engine
 from quartet.trainers import loop
@@ -65,7 +66,7 @@ class RewardResult:
     seconds: float
 
 
-def train_reward(cfg: RewardConfig) -> RewardResult:
+def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
     validate(cfg)
     loop.seed_everything(cfg.seed)
     # 1. inputs first: data, margins, model, tokens -- all before the run dir is touched
@@ -75,6 +76,10 @@ def train_reward(cfg: RewardConfig) -> RewardResult:
     if cfg.margin:
         _check_margins(train_ex, cfg.data.path)
     norm_prompts = load_prompts(cfg.normalize_prompts) if cfg.normalize_prompts is not None else None
+    if cfg.normalize_policy:  # it samples after training: a bad policy fails now, not after the last step
+        model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+        _policy_prompt_ids(cfg, model, tok, _normalization_prompts(cfg, norm_prompts, train_ex))
+        del model, tok
     rm = load_reward_model(cfg.model, torch.float32)
     rm.set_normalization(0.0, 1.0)  # train on raw scores; normalised at the end
     tok = rm.tokenizer
@@ -94,9 +99,9 @@ def train_reward(cfg: RewardConfig) -> RewardResult:
     rm, optimizer, train_loader, scheduler = accelerator.prepare(rm, optimizer, train_loader, scheduler)
     trainable, n_params = loop.count_parameters(rm)
 
-    with loop.run_dir(cfg.output_dir, accelerator) as run_dir:
+    with loop.run_dir(cfg.output_dir, accelerator, "rm", overwrite) as run_dir:
         save_config(cfg, run_dir / "config.yaml")
-        metrics = MetricsLogger(run_dir, "rm")
+        metrics = MetricsLogger(run_dir, "rm", tracking=cfg.tracking, params=cfg)
         try:
             first = evaluate(rm, eval_loader) if eval_rows else None
             if first:
@@ -222,8 +227,7 @@ def _normalization(cfg: RewardConfig, rm, train_ex, norm_prompts, max_len) -> tu
     """(mean, std) of raw scores on the policy's answers, or on the training responses without a policy."""
     tok = rm.tokenizer
     if cfg.normalize_policy:
-        prompts = [ex.prompt for ex in norm_prompts] if norm_prompts is not None else _unique_prompts(train_ex)
-        prompts = [prompts[i % len(prompts)] for i in range(cfg.normalize_samples)]
+        prompts = _normalization_prompts(cfg, norm_prompts, train_ex)
         responses = _sample(cfg, prompts)
         ids = encode_pairs(tok, prompts, responses, max_len, cfg.data.chat_template)
         where = f"{len(ids)} answers of {cfg.normalize_policy}"
@@ -241,13 +245,27 @@ def _normalization(cfg: RewardConfig, rm, train_ex, norm_prompts, max_len) -> tu
     return mean, std, where
 
 
-def _sample(cfg: RewardConfig, prompts: list) -> list[str]:
-    model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+def _normalization_prompts(cfg: RewardConfig, norm_prompts, train_ex) -> list:
+    prompts = [ex.prompt for ex in norm_prompts] if norm_prompts is not None else _unique_prompts(train_ex)
+    return [prompts[i % len(prompts)] for i in range(cfg.normalize_samples)]
+
+
+def _policy_prompt_ids(cfg: RewardConfig, model, tok, prompts: list) -> list[list[int]]:
+    """The normalisation prompts as the policy reads them; ConfigError if they leave no room to answer."""
     pcfg = cfg.normalize_prompts or cfg.data
     enc = encode_prompts(tok, prompts, pcfg.max_prompt_tokens, "left", pcfg.chat_template, where="normalize_prompts")
+    check_context(model, enc.input_ids, cfg.normalize_generation.max_new_tokens,
+                  f"rm.normalize_policy '{cfg.normalize_policy}'",
+                  "lower normalize_generation.max_new_tokens or the prompts' max_prompt_tokens")
+    return enc.input_ids
+
+
+def _sample(cfg: RewardConfig, prompts: list) -> list[str]:
+    model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+    prompt_ids = _policy_prompt_ids(cfg, model, tok, prompts)
     engine = make_engine(model, tok, cfg.normalize_generation, loop.generation_dtype(cfg.precision))
     del model
-    ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
+    ids, mask = left_pad(prompt_ids, tok.pad_token_id)
     return engine.generate(ids, mask, seed=cfg.seed).responses
 
 
@@ -342,5 +360,5 @@ def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_p
 
 
 def cli(args) -> int:
-    train_reward(load_config(RewardConfig, args.config, args.overrides))
+    train_reward(load_config(RewardConfig, args.config, args.overrides), overwrite=args.overwrite)
     return 0

@@ -43,7 +43,7 @@ class SFTResult:
     seconds_per_step: float
 
 
-def train_sft(cfg: SFTConfig) -> SFTResult:
+def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
     validate(cfg)
     loop.seed_everything(cfg.seed)
     # 1. everything the user controls is read and checked before the run dir is touched
@@ -68,9 +68,9 @@ def train_sft(cfg: SFTConfig) -> SFTResult:
     trainable, n_params = loop.count_parameters(model)
 
     # 3. train into a temporary run dir that replaces output_dir only when complete
-    with loop.run_dir(cfg.output_dir, accelerator) as run_dir:
+    with loop.run_dir(cfg.output_dir, accelerator, "sft", overwrite) as run_dir:
         save_config(cfg, run_dir / "config.yaml")
-        metrics = MetricsLogger(run_dir, "sft")
+        metrics = MetricsLogger(run_dir, "sft", tracking=cfg.tracking, params=cfg)
         try:
             first = _evaluate(model, eval_loader, accelerator)
             if eval_rows:
@@ -196,5 +196,5 @@ class _Collate:
 
 
 def cli(args) -> int:
-    train_sft(load_config(SFTConfig, args.config, args.overrides))
+    train_sft(load_config(SFTConfig, args.config, args.overrides), overwrite=args.overwrite)
     return 0

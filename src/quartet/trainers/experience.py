@@ -1,0 +1,137 @@
+"""The experience maker: one iteration's Rollout, everything the update needs and nothing it decides.
+
+    1. sample a batch of prompts (seeded per iteration) and `samples_per_prompt` responses to each;
+    2. score every response (reward model or callable; the gold judge too when there is one); missing-EOS
+       penalty, running normalisation, clipping; ReMax also scores one greedy response per prompt;
+    3. old log-probs (and values when there is a critic) from the policy, log-probs from the Reference.
+
+The G samples of a prompt are contiguous rows of the Rollout, as the group estimators expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from quartet.data import left_pad, prompt_text
+from quartet.rollout.record import Rollout
+from quartet.rollout.scoring import shape_scores
+from quartet.trainers.ppo_roles import Roles, actor_logprobs
+
+
+@dataclass
+class Experience:
+    rollout: Rollout  # scores, old_logprobs, ref_logprobs, values filled in
+    raw_scores: torch.Tensor  # (B,) the judge's scores before penalties and normalisation
+    gold: torch.Tensor | None  # (B,) gold judge, logged only
+    entropy: torch.Tensor  # (B, R) actor entropy at sampling time (0 on padding)
+    greedy_scores: torch.Tensor | None  # (B,) shaped score of the greedy response to each row's prompt (ReMax)
+    timing: dict[str, float]
+
+    def sample_records(self, iteration: int) -> list[dict]:
+        """One samples.jsonl record per response."""
+        ro = self.rollout
+        out = []
+        for i in range(len(ro)):
+            rec = {"step": iteration, "prompt": prompt_text(ro.prompts[i]), "response": ro.responses[i],
+                   "score": round(float(self.raw_scores[i]), 5), "length": int(ro.response_mask[i].sum()),
+                   "eos": bool(ro.eos[i])}
+            if self.gold is not None:
+                rec["gold"] = round(float(self.gold[i]), 5)
+            out.append(rec)
+        return out
+
+
+class ExperienceMaker:
+    def __init__(self, cfg, roles: Roles, engine, accelerator, prompts: list, prompt_ids: list[list[int]],
+                 moments, needs_greedy: bool):
+        self.cfg = cfg
+        self.roles = roles
+        self.engine = engine
+        self.accelerator = accelerator
+        self.prompts = prompts
+        self.prompt_ids = prompt_ids
+        self.moments = moments
+        self.needs_greedy = needs_greedy
+        self._perm: tuple[int, list[int]] | None = None
+
+    @torch.no_grad()
+    def make(self, model, iteration: int) -> Experience:
+        """`model`: the prepared PolicyModel (its unwrapped actor is synced into the engine)."""
+        import time
+
+        cfg, tok, G = self.cfg, self.roles.tokenizer, self.cfg.samples_per_prompt
+        timing = {}
+        t = time.perf_counter()
+        batch = self.batch_indices(iteration)
+        prompt_ids, prompt_mask = left_pad([self.prompt_ids[i] for i in batch], tok.pad_token_id)
+        self.engine.sync(self.accelerator.unwrap_model(model).actor)
+        ro = self.engine.generate(prompt_ids, prompt_mask, seed=step_seed(cfg.seed, iteration, 1), num_samples=G)
+        ro.prompts = [self.prompts[i] for i in batch for _ in range(G)]
+        greedy = self.engine.generate(prompt_ids, prompt_mask, greedy=True) if self.needs_greedy else None
+        timing["timing/generate"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        raw = self.roles.scorer(ro.prompts, ro.responses)
+        gold = self.roles.gold(ro.prompts, ro.responses) if self.roles.gold is not None else None
+        shaping = {"missing_eos_penalty": cfg.missing_eos_penalty, "moments": self.moments, "clip": cfg.reward_clip}
+        ro.scores = shape_scores(raw, ro.eos, **shaping)
+        greedy_scores = None
+        if greedy is not None:
+            prompts = [self.prompts[i] for i in batch]
+            greedy_raw = self.roles.scorer(prompts, greedy.responses)
+            greedy_scores = shape_scores(greedy_raw, greedy.eos, update=False, **shaping).repeat_interleave(G)
+        timing["timing/score"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        ro.old_logprobs, entropy, ro.values = self._chunked(lambda mb: model(mb), ro)
+        timing["timing/forward"] = time.perf_counter() - t
+        t = time.perf_counter()
+        with self.roles.reference_model() as ref:
+            ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature), ro)[0]
+        timing["timing/reference"] = time.perf_counter() - t
+        return Experience(ro, raw, gold, entropy, greedy_scores, timing)
+
+    def _chunked(self, forward, ro: Rollout) -> list[torch.Tensor | None]:
+        """Run `forward` over micro-batches under autocast; concatenated outputs, 0 on padding."""
+        parts = []
+        for start in range(0, len(ro), self.cfg.micro_batch_size):
+            with self.accelerator.autocast():
+                parts.append(forward(ro.select(list(range(start, min(start + self.cfg.micro_batch_size, len(ro)))))))
+        mask = ro.response_mask
+        return [None if parts[0][i] is None else torch.cat([p[i] for p in parts]) * mask for i in range(3)]
+
+    def batch_indices(self, iteration: int) -> list[int]:
+        """This process's prompts for `iteration`: a seeded permutation per pass over the prompts, consumed
+        in order by iteration and then by process, so a run's batches do not depend on when it resumed."""
+        n, size = len(self.prompt_ids), self.cfg.rollout_batch_size
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        out = []
+        for k in range(size):
+            epoch, offset = divmod(((iteration - 1) * world + rank) * size + k, n)
+            if self._perm is None or self._perm[0] != epoch:
+                g = torch.Generator().manual_seed(step_seed(self.cfg.seed, epoch, 3))
+                self._perm = (epoch, torch.randperm(n, generator=g).tolist())
+            out.append(self._perm[1][offset])
+        return out
+
+
+def step_seed(seed: int, iteration: int, stream: int) -> int:
+    """The seed of one random stream of one iteration (1 sampling, 2 minibatch order, 3 prompt order)."""
+    return (seed * 1_000_003 + iteration * 7919 + stream * 104_729) % (2**31)
+
+
+def rollout_stats(ro: Rollout) -> dict[str, float]:
+    from quartet.eval.stats import distinct_n, repetition_rate
+
+    lengths = ro.lengths
+    tokens = [ro.response_ids[i, : int(lengths[i])].tolist() for i in range(len(ro))]
+    return {
+        "rollout/length_mean": lengths.mean().item(),
+        "rollout/length_max": lengths.max().item(),
+        "rollout/eos_rate": ro.eos.float().mean().item(),
+        "rollout/distinct_1": distinct_n(tokens, 1),
+        "rollout/distinct_2": distinct_n(tokens, 2),
+        "rollout/repetition": sum(repetition_rate(t) for t in tokens) / len(tokens),
+    }
