@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from quartet.errors import ConfigError, ModelError
 from quartet.judges.compose import is_composite, parse_composite
-from quartet.judges.relevance import relevance
+from quartet.judges.relevance import relevance as relevance_judge
 from quartet.judges.vader import vader_score
 
 RewardFn = Callable[[list[str], list[str]], list[float]]
@@ -43,7 +43,7 @@ def _vader(prompts: list[str], responses: list[str]) -> list[float]:
     return vader_score(responses)
 
 
-JUDGES: dict[str, RewardFn] = {"relevance": relevance, "vader": _vader}
+JUDGES: dict[str, RewardFn] = {"relevance": relevance_judge, "vader": _vader}
 """built-in judges, named in specs as ``judge:<name>``"""
 
 
@@ -160,4 +160,4 @@ def _checked(fn: Callable, spec: str) -> RewardFn:
     return reward_fn
 
 
-__all__ = ["JUDGES", "RewardFn", "load_reward_fn", "relevance", "vader_score"]
+__all__ = ["JUDGES", "RewardFn", "load_reward_fn", "relevance_judge", "vader_score"]
