@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--prompts", default="task:positive-review/eval", help="prompt set")
             p.add_argument("--task", help="task whose gold judge scores responses (default: from --prompts)")
             p.add_argument("--reward-model", help="reward model dir for the RM score")
+            p.add_argument("--relevance", default="auto",
+                           help="on-task judge spec for the relevance score (default auto: the task's, else "
+                                "judge:relevance; none: not measured)")
             p.add_argument("--reference", help="reference model for KL (default: the baseline)")
             p.add_argument("--num-prompts", type=int, default=None, help="use the first N prompts")
             p.add_argument("--max-new-tokens", type=int, default=48)

