@@ -352,6 +352,8 @@ class DPOConfig:
     """optimizer steps between metric lines"""
     seed: int = 0
     """everything random is seeded from this"""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "dpo") -> None:
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")

@@ -147,7 +147,7 @@ def wire(cfg: PipelineConfig, explicit: dict) -> PipelineConfig:
     # one tracker run per stage, grouped under the pipeline's run name
     cfg.tracking.run_name = cfg.tracking.run_name or out.name
     cfg.tracking.group = cfg.tracking.group or cfg.tracking.run_name
-    for stage in ("sft", "label", "rm", "ppo"):
+    for stage in ("sft", "label", "rm", "ppo", "dpo"):
         sub = getattr(cfg, stage)
         if unset(stage, "tracking"):
             sub.tracking = dataclasses.replace(cfg.tracking, run_name=None)

@@ -114,18 +114,19 @@ def trackio_logs(project: str, run: str) -> list[dict]:
     return SQLiteStorage.get_logs(project, run)
 
 
-def jsonl_series(run_dir, key: str) -> list[tuple[int, float]]:
-    return [(r["step"], r[key]) for r in read_metrics(run_dir) if key in r and math.isfinite(r[key])]
+def jsonl_series(run_dir, key: str, finite: bool = True) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in read_metrics(run_dir) if key in r and (math.isfinite(r[key]) or not finite)]
 
 
 def same(got: list[tuple[int, float]], expected: list[tuple[int, float]]) -> bool:
     """Same steps, same values (to float32 rounding: some trackers store float32)."""
     return [s for s, _ in got] == [s for s, _ in expected] and [v for _, v in got] == pytest.approx(
-        [v for _, v in expected], rel=1e-6)
+        [v for _, v in expected], rel=1e-6, nan_ok=True)
 
 
 def assert_same_metrics(run_dir, wb: dict, client, mlflow_run, tio: list[dict]):
-    """Every key of metrics.jsonl reaches each tracker with the same values at the same steps."""
+    """Every key of metrics.jsonl reaches each tracker with the same values at the same steps (MLflow and
+    trackio: the finite ones; W&B: all, NaN included)."""
     records = read_metrics(run_dir)
     keys = {k for r in records for k in r if k not in ("stage", "step", "time")}
     assert keys
@@ -133,7 +134,8 @@ def assert_same_metrics(run_dir, wb: dict, client, mlflow_run, tio: list[dict]):
         expected = jsonl_series(run_dir, key)
         assert same(mlflow_series(client, mlflow_run.info.run_id, key), expected), key
         assert same(sorted((r["step"], r[key]) for r in tio if key in r), expected), key
-        assert same(sorted((h["_step"], h[key]) for h in wb["history"] if key in h), expected), key
+        got = sorted((h["_step"], float(h[key])) for h in wb["history"] if key in h)
+        assert same(got, jsonl_series(run_dir, key, finite=False)), key
 
 
 # --------------------------------------------------------------------------- config
@@ -234,6 +236,28 @@ def test_ppo_run_reaches_wandb_mlflow_and_trackio(tmp_path, offline):
     tio = trackio_logs(cfg.tracking.project, "tiny-ppo")
     assert_same_metrics(run, wb, client, ml, tio)
     assert [s for s, _ in jsonl_series(run, "objective/score")] == [1, 2]
+
+
+@needs_all
+def test_dpo_run_reaches_wandb_mlflow_and_trackio(tmp_path, offline):
+    from quartet.config import DPOConfig
+    from quartet.trainers.dpo import train_dpo
+
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", keyword_pairs(16))
+    cfg = from_dict(DPOConfig, {
+        "policy": TINY, "data": {"path": str(pairs)}, "eval_fraction": 0.25, "output_dir": str(tmp_path / "dpo"),
+        "max_steps": 4, "batch_size": 4, "log_every": 2, "eval_every": 2, "kl_samples": 0, "precision": "fp32",
+        "optim": {"lr": 1e-3}, "tracking": tracking(tmp_path, offline, run_name="tiny-dpo"),
+    })
+    train_dpo(cfg)
+    run = tmp_path / "dpo"
+    [wb] = wandb_runs(run)
+    assert (wb["name"], wb["job"]) == ("tiny-dpo", "dpo") and wb["config"]["beta"] == 0.1
+    client = mlflow_client(offline)
+    [ml] = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    assert ml.data.params["loss"] == "sigmoid"
+    assert_same_metrics(run, wb, client, ml, trackio_logs(cfg.tracking.project, "tiny-dpo"))
+    assert [s for s, _ in jsonl_series(run, "dpo/loss")] == [2, 4]
 
 
 # --------------------------------------------------------------------------- failures and processes

@@ -138,7 +138,7 @@ def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
     # 3. train into a temporary run dir that replaces output_dir only when complete
     with loop.run_dir(cfg.output_dir, accelerator, "dpo", overwrite) as run_dir:
         save_config(cfg, run_dir / "config.yaml")
-        metrics = MetricsLogger(run_dir, "dpo")
+        metrics = MetricsLogger(run_dir, "dpo", tracking=cfg.tracking, params=cfg)
         try:
             first = held_out()
             if first:
