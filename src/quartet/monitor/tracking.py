@@ -152,7 +152,10 @@ class _TrackioRun(_Run):
             self.run.log_artifact(str(f), name=_artifact_name(self.run.name or "quartet", f.name), type="report")
 
     def finish(self):
-        self.run.finish()
+        if self.trackio.context_vars.current_run.get() is self.run:
+            self.trackio.finish()  # also clears trackio's current run, so the next init starts clean
+        else:
+            self.run.finish()
 
 
 RUNS = {"wandb": _WandbRun, "mlflow": _MlflowRun, "trackio": _TrackioRun}
