@@ -649,8 +649,10 @@ def check_rule_names(names, where: str = "stop_on") -> list[str]:
     if isinstance(names, str):
         names = [names]
     out = []
+    if not isinstance(names, (list, tuple)):
+        raise ConfigError(f"{where}: must be a rule name or a list of them, got {names!r}")
     for name in names:
-        if name not in RULES:
+        if not isinstance(name, str) or name not in RULES:
             close = difflib.get_close_matches(str(name), list(RULES), n=1, cutoff=0.6)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise ConfigError(f"{where}: unknown doctor rule '{name}'{hint}; known rules: {', '.join(RULES)}")
