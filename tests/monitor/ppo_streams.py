@@ -10,7 +10,8 @@ from pathlib import Path
 
 def healthy_run(n: int = 60, seed: int = 0, stage: str = "ppo") -> list[dict]:
     """Score rising slowly, KL rising to ~4 nats, entropy slowly falling, clipfrac 0.02-0.2, length stable,
-    EOS rate high, value loss falling, explained variance rising, gold tracking the proxy."""
+    EOS rate high, value loss falling, explained variance rising, gold tracking the proxy, relevance to the
+    prompt nearly flat (0.50 -> 0.47, noise sd 0.02)."""
     rng = random.Random(seed)
     g = rng.gauss
     records = []
@@ -41,6 +42,7 @@ def healthy_run(n: int = 60, seed: int = 0, stage: str = "ppo") -> list[dict]:
             "rollout/distinct_1": 0.5 + g(0, 0.01),
             "rollout/distinct_2": 0.8 - 0.1 * t + g(0, 0.01),
             "rollout/repetition": 0.02 + 0.02 * t + abs(g(0, 0.005)),
+            "rollout/relevance": 0.5 - 0.03 * t + g(0, 0.02),
             "optim/lr": 1e-5,
             "optim/grad_norm": 0.5 * math.exp(g(0, 0.2)),
             "timing/total": 3.0 + g(0, 0.1),
@@ -72,6 +74,8 @@ def broken_run(rule: str, n: int = 60, seed: int = 0) -> list[dict]:
         elif rule == "reward_hacking_repetition":
             r["rollout/distinct_2"] = 0.8 - 0.6 * t + g(0, 0.01)
             r["rollout/repetition"] = 0.02 + 0.5 * t + abs(g(0, 0.005))
+        elif rule == "off_task_drift":
+            r["rollout/relevance"] = 0.5 - 0.3 * t + g(0, 0.02)
         elif rule == "overoptimization":
             r["objective/gold"] = 0.2 + 0.6 * min(t, 0.5) - 1.2 * max(t - 0.5, 0) + g(0, 0.03)
         elif rule == "entropy_collapse":

@@ -23,6 +23,9 @@ negative_kl                 mean of the last (up to 5) objective/kl values < -0.
 reward_hacking_length       rollout/length_mean now >= 1.5x start and >= 4 tokens longer, score up
 reward_hacking_repetition   rollout/distinct_2 (or distinct_1) now <= 0.7x start, or rollout/repetition
                             now >= start + 0.15 and >= 2x start, with score up
+off_task_drift              >= 6 points of rollout/relevance (an on-task judge's mean, e.g. MiniLM similarity of
+                            response and prompt); its mean over the last k = max(3, n/4) points <= 0.8x the
+                            mean over the first k, lower by > 5 noise sd of such a difference, with score up
 overoptimization            objective/gold, averaged over windows of k = max(3, n/10) points, fell from
                             its peak window by > 30% of its gain and by > 4 noise sd, while
                             objective/score is higher now than during the peak window
@@ -73,6 +76,7 @@ VALUE_EXPLOSION_RATIO, VALUE_EXPLOSION_HARD = 10.0, 100.0
 VALUE_STUCK_MIN, VALUE_STUCK_RATIO, VALUE_STUCK_EV = 15, 0.9, 0.1
 EV_MIN_POINTS, EV_WINDOW, EV_MEDIAN_MAX = 10, 5, -0.1
 EOS_RATE_MIN = 0.5
+RELEVANCE_KEY, RELEVANCE_RATIO, RELEVANCE_NOISE = "rollout/relevance", 0.8, 5.0
 CHOSEN_DROP_NATS, CHOSEN_SHARE = 1.0, 0.25
 
 
@@ -437,6 +441,40 @@ def _reward_hacking_repetition(h: History):
         "raise kl_coef, add an entropy bonus (entropy_coef), add repetitive responses as rejected "
         "examples to the preference data, and stop at an earlier checkpoint",
         {score[0]: score[3]},
+    )
+
+
+@_rule("off_task_drift", "warning")
+def _off_task_drift(h: History):
+    key = RELEVANCE_KEY
+    score = _score_gain(h)
+    if score is None or score[1] <= 0 or not h.has(key, 2 * MIN_POINTS):
+        return None
+    all_steps, relevance = h.tail(key)
+    k = max(MIN_POINTS, len(relevance) // 4)  # means of k points: 3-point medians raised false alarms
+    start, now = _mean(relevance[:k]), _mean(relevance[-k:])
+    diffs = [b - a for a, b in zip(relevance, relevance[1:])]
+    mean_diff = sum(diffs) / len(diffs)
+    noise = math.sqrt(sum((d - mean_diff) ** 2 for d in diffs) / len(diffs) / 2)  # per point, trend removed
+    drop = start - now
+    # two k-point means of independent noise differ with sd noise * sqrt(2 / k)
+    if not (now <= RELEVANCE_RATIO * start and drop > max(RELEVANCE_NOISE * noise * math.sqrt(2 / k), 1e-9)):
+        return None
+    related = {score[0]: score[3]}
+    if h.has("rollout/length_mean", 1):
+        related["rollout/length_mean"] = h.tail("rollout/length_mean", 10)[1]
+    return _found(
+        "off_task_drift", h, key, all_steps[-10:], relevance[-10:],
+        f"{key} fell from {start:.3g} to {now:.3g} while {score[0]} rose by {score[1]:.3g}: the answers are "
+        "drifting away from their prompts",
+        "the reward cannot see whether a response is about its prompt (a judge such as VADER reads the "
+        "response alone; a reward model trained on its labels inherits that), so generic text it likes "
+        "(praise, a stock phrase) pays as well as an answer, and is easier to reach",
+        "reward a composite judge that pays only on-task answers (e.g. reward: task:positive-review/on-task, "
+        "or gate(<judge>, judge:relevance, lo=.., hi=..)) and label preferences with it when a reward model "
+        "is trained; raise kl_coef; add a relevance or length term (sum(<judge>, 0.5*judge:relevance)); or "
+        "keep an earlier checkpoint (stop_on: [off_task_drift])",
+        related,
     )
 
 
