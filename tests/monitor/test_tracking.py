@@ -291,6 +291,17 @@ def test_a_tracker_that_cannot_start_is_one_config_error_before_training(tmp_pat
 
 
 @needs_all
+def test_a_run_that_raises_is_marked_failed(tmp_path, offline):
+    cfg = from_dict(TrackingConfig, tracking(tmp_path, offline, report_to=["mlflow"], run_name="boom"))
+    with pytest.raises(KeyboardInterrupt), MetricsLogger(tmp_path, "ppo", tracking=cfg) as log:
+        log.log(1, {"objective/score": 0.5})
+        raise KeyboardInterrupt
+    client = mlflow_client(offline)
+    [run] = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    assert run.info.status == "FAILED" and run.data.metrics == {"objective/score": 0.5}
+
+
+@needs_all
 def test_only_the_main_process_reports(tmp_path, offline, monkeypatch):
     import quartet.monitor.tracking as tracking_module
 

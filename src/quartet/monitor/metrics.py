@@ -90,20 +90,21 @@ class MetricsLogger:
         self._trackers.log(numbers, int(step))
         return record
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Flush and close every sink; `failed` marks the tracker runs failed (W&B, MLflow)."""
         if self._file is not None:
             self._file.close()
             self._file = None
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        self._trackers.finish()
+        self._trackers.finish(failed)
 
     def __enter__(self) -> MetricsLogger:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(failed=exc_type is not None)
 
 
 def _ends_mid_line(path: Path) -> bool:

@@ -55,7 +55,7 @@ class _Run:
     def attach(self, files: list[Path], table: Table | None) -> None:
         raise NotImplementedError
 
-    def finish(self) -> None:
+    def finish(self, failed: bool = False) -> None:
         raise NotImplementedError
 
 
@@ -87,8 +87,8 @@ class _WandbRun(_Run):
             artifact.add_file(str(f))
         self.run.log_artifact(artifact)
 
-    def finish(self):
-        self.run.finish()
+    def finish(self, failed=False):
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 class _MlflowRun(_Run):
@@ -123,12 +123,13 @@ class _MlflowRun(_Run):
         for f in files:
             self.mlflow.log_artifact(str(f), run_id=self.run_id)
 
-    def finish(self):
+    def finish(self, failed=False):
+        status = "FAILED" if failed else "FINISHED"
         active = self.mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
-            self.mlflow.end_run()
+            self.mlflow.end_run(status)
         else:
-            self.mlflow.MlflowClient().set_terminated(self.run_id)
+            self.mlflow.MlflowClient().set_terminated(self.run_id, status)
 
 
 class _TrackioRun(_Run):
@@ -151,7 +152,7 @@ class _TrackioRun(_Run):
         for f in files:
             self.run.log_artifact(str(f), name=_artifact_name(self.run.name or "quartet", f.name), type="report")
 
-    def finish(self):
+    def finish(self, failed=False):  # trackio runs have no status
         if self.trackio.context_vars.current_run.get() is self.run:
             self.trackio.finish()  # also clears trackio's current run, so the next init starts clean
         else:
@@ -178,8 +179,9 @@ class Trackers:
     def attach(self, files: list[Path], table: Table | None = None) -> None:
         self._each("attach", [Path(f) for f in files if Path(f).is_file()], table)
 
-    def finish(self) -> None:
-        self._each("finish")
+    def finish(self, failed: bool = False) -> None:
+        """End every run; `failed` marks them failed where the tracker has a status (W&B, MLflow)."""
+        self._each("finish", failed)
         self.runs = []
 
     def _each(self, method: str, *args) -> None:
@@ -254,8 +256,8 @@ class PipelineTracking:
         runs.attach(files, table)
         runs.finish()
 
-    def __exit__(self, *exc) -> None:
-        self.parent.finish()
+    def __exit__(self, exc_type, *exc) -> None:
+        self.parent.finish(failed=exc_type is not None)
 
 
 # --------------------------------------------------------------------------- helpers
