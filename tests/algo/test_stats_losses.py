@@ -1,5 +1,7 @@
 """Masked statistics, loss aggregation invariances, value loss, log-probs, KL controllers."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -8,6 +10,7 @@ from hypothesis import strategies as st
 from quartet.algo import (
     AdaptiveKL,
     FixedKL,
+    aggregate,
     clipped_policy_loss,
     clipped_value_loss,
     entropy_from_logits,
@@ -135,3 +138,31 @@ def test_adaptive_kl_direction_and_sign():
     other = AdaptiveKL(1.0, 6.0, 10_000)
     other.load_state_dict(state)
     assert other.value == ctl.value
+
+
+# ---------------------------------------------------------------------------- Dr.GRPO aggregation, GSPO ratio
+def test_seq_mean_token_sum_norm_divides_by_a_constant():
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    # (6 / 10 + 4 / 10) / 2: each sequence's sum over the fixed budget, not over its own length
+    assert aggregate(per_token, mask, "seq-mean-token-sum-norm", norm_len=10).item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="norm_len"):
+        aggregate(per_token, mask, "seq-mean-token-sum-norm")
+
+
+def test_sequence_ratio_is_the_length_normalised_gspo_ratio():
+    old = torch.zeros(2, 3)
+    new = torch.tensor([[0.3, -0.1, 0.4], [0.5, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, 0.0, 0.0]])
+    loss, stats = clipped_policy_loss(new, old, adv, mask, clip=1.0, ratio_level="sequence")
+    s = [math.exp((0.3 - 0.1 + 0.4) / 3), math.exp(0.5)]  # padding does not enter the sequence ratio
+    want = (-(s[0] * 1.0) * 3 + s[1] * 1.0) / 4
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    assert stats["policy/ratio"].item() == pytest.approx((3 * s[0] + s[1]) / 4, rel=1e-6)
+    # every token of a sequence gets the gradient of the shared ratio
+    new.requires_grad_(True)
+    loss, _ = clipped_policy_loss(new, old, adv, mask, clip=1.0, ratio_level="sequence")
+    loss.backward()
+    assert new.grad[0].tolist() == pytest.approx([-s[0] * 3 / 3 / 4] * 3, rel=1e-5)
+    assert new.grad[1, 1:].tolist() == [0.0, 0.0]
