@@ -76,7 +76,7 @@ def test_pipeline_dir_has_every_stage_and_the_eval_table(pipeline_report):
     assert "overoptimization" in page
     assert "sft <small>(baseline)</small>" in page
     assert "0.52 <small>[0.44, 0.6]</small>" in page and "0.71" in page
-    assert "a better answer" in page and "gold=0.9" in page
+    assert "a better answer" in page and "gold 0.90" in page
     assert page.index("Doctor") < page.index("Evaluation") < page.index("Training curves") < page.index("Samples")
 
 
@@ -145,7 +145,7 @@ def test_training_samples_pair_each_prompt_with_its_latest_answer():
     ]
     html = report._training_samples_html(rows, "ppo")
     assert html.count("<tr>") == 2  # header + p1; p2 and p3 were answered once
-    assert html.index("old 1") < html.index("new 1") and "score 0.9 gold 0.8" in html
+    assert html.index("old 1") < html.index("new 1") and "score 0.90 &middot; gold 0.80" in html
     once = report._training_samples_html([r for r in rows if r["prompt"] != "p1"], "ppo")
     assert "only once" in once and "old 2" not in once
     assert report._training_samples_html([{"step": 1}], "ppo") == ""

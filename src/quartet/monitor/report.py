@@ -1,7 +1,9 @@
 """`quartet report RUN_DIR`: one self-contained HTML page per run (or pipeline of runs).
 
 The page holds, top to bottom: the doctor's findings, final numbers per stage, the eval table
-(eval/eval.json), training curves per stage, and sample responses side by side. Plots are PNGs drawn
+(eval/eval.json) and its samples (each checkpoint beside the baseline, prompt by prompt, the largest drop in
+the judge's score first), training curves per stage (with gold and proxy against sqrt(KL) for any run that
+logs objective/gold and objective/kl), and the same prompts answered early and late in training. Plots are PNGs drawn
 with matplotlib's Agg canvas, embedded as base64 and also kept in ``run_dir/plots/``. All text from the
 run is HTML-escaped; the page loads nothing from the network.
 """
@@ -28,6 +30,7 @@ MAX_SAMPLES = 8
 CHARTS = [
     ("score", "Score (proxy reward)", ["objective/score", "objective/reward"], []),
     ("gold", "Gold judge vs proxy score", ["objective/score"], ["objective/gold"]),
+    ("relevance", "On-task relevance vs proxy score", ["objective/score"], ["rollout/relevance"]),
     ("kl", "KL to the reference and its coefficient beta", ["objective/kl"], ["objective/kl_coef"]),
     ("length", "Response length and EOS rate", ["rollout/length_mean", "rollout/length_max"], ["rollout/eos_rate"]),
     ("entropy", "Policy entropy (nats / token)", ["policy/entropy"], []),
@@ -49,10 +52,12 @@ CHARTS = [
                                     "timing/update"], []),
 ]
 # a chart that needs a key to be worth drawing (gold vs proxy only when a gold judge was logged)
-REQUIRED = {"gold": "objective/gold"}
+REQUIRED = {"gold": "objective/gold", "relevance": "rollout/relevance"}
+OVEROPTIMIZATION_CHART = ("overoptimization", "Gold and proxy vs sqrt(KL)", [], [])
+"""drawn by _plot_overoptimization for any run that logs objective/gold and objective/kl"""
 
 SUMMARY_KEYS = [
-    "objective/score", "objective/gold", "objective/kl", "objective/kl_coef", "rollout/length_mean",
+    "objective/score", "objective/gold", "rollout/relevance", "objective/kl", "objective/kl_coef", "rollout/length_mean",
     "rollout/eos_rate", "rollout/distinct_2", "policy/entropy", "policy/clipfrac", "value/loss",
     "value/explained_variance", "sft/loss", "sft/eval_loss", "sft/eval_ppl", "rm/accuracy",
     "rm/eval_accuracy", "dpo/loss", "dpo/eval_loss", "rewards/margins", "rewards/eval_accuracy", "dpo/kl",
@@ -152,6 +157,60 @@ def _plot(records, chart, findings: list[Finding]) -> bytes | None:
     return buf.getvalue()
 
 
+def overoptimization_points(records: list[dict]) -> tuple[list[float], list[float], list[float], str] | None:
+    """(sqrt(KL), proxy, gold, proxy key) at every step that logged all three, in step order; None without
+    objective/gold and objective/kl. KL is per sequence in nats (negative estimates count as 0)."""
+    proxy_key = next((k for k in ("objective/score", "objective/reward") if _has(records, k)), None)
+    if proxy_key is None or not _has(records, "objective/gold") or not _has(records, "objective/kl"):
+        return None
+    xs, proxy, gold = [], [], []
+    for rec in sorted((r for r in records if isinstance(r.get("step"), (int, float))), key=lambda r: r["step"]):
+        values = [rec.get(k) for k in ("objective/kl", proxy_key, "objective/gold")]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            xs.append(math.sqrt(max(float(values[0]), 0.0)))
+            proxy.append(float(values[1]))
+            gold.append(float(values[2]))
+    return (xs, proxy, gold, proxy_key) if len(xs) >= 2 else None
+
+
+def _plot_overoptimization(records) -> bytes | None:
+    """Gold and proxy score against sqrt(KL to the reference), as Gao et al. (2022) plot over-optimisation:
+    the proxy keeps rising with distance from the reference; past some distance the gold score falls."""
+    points = overoptimization_points(records)
+    if points is None:
+        return None
+    xs, proxy, gold, proxy_key = points
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.4, 3.3), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax2 = ax.twinx()  # the proxy and the gold judge have their own scales
+    marker = dict(marker="o", ms=3) if len(xs) <= 60 else {}
+    handles = ax.plot(xs, proxy, color="#1f77b4", lw=1.4, label=f"{proxy_key} (proxy)", **marker)
+    handles += ax2.plot(xs, gold, color="#2ca02c", lw=1.4, ls="--", label="objective/gold", **marker)
+    # the gold peak, on means of k neighbouring points so one lucky batch is not the peak
+    k = max(1, len(gold) // 10)
+    means = [sum(gold[i : i + k]) / k for i in range(len(gold) - k + 1)]
+    best = max(range(len(means)), key=means.__getitem__) + k // 2
+    ax2.axvline(xs[best], color="#2ca02c", lw=0.8, ls=":")
+    ax2.annotate(f"gold peak, sqrt(KL) {xs[best]:.2f}", (xs[best], 0.03), xycoords=("data", "axes fraction"),
+                 fontsize=7, color="#2ca02c", rotation=90, va="bottom", ha="right")
+    ax.set_title("Over-optimisation: gold and proxy vs sqrt(KL) (Gao et al. 2022)", fontsize=10)
+    ax.set_xlabel("sqrt(KL to the reference), sqrt(nats)", fontsize=8)
+    ax.set_ylabel("proxy", fontsize=8)
+    ax2.set_ylabel("gold", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax2.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    ax2.legend(handles=handles, fontsize=7, loc="best", framealpha=0.85)
+    fig.subplots_adjust(left=0.1, right=0.88, top=0.9, bottom=0.15)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 # --------------------------------------------------------------------------- HTML pieces
 E = html.escape
 
@@ -170,6 +229,7 @@ th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.baseline td{background:#f7f7ff}
 .samples td{white-space:pre-wrap;max-width:420px;font-size:.85em}
+td.worse{color:#b00;font-weight:600}td.better{color:#1a7f37}
 .charts{display:flex;flex-wrap:wrap;gap:12px}.charts img{width:640px;max-width:100%;border:1px solid #eee}
 pre{background:#f6f6f6;padding:8px;overflow:auto;font-size:.85em}
 """
@@ -278,44 +338,131 @@ def _eval_html(data, source: str) -> str:
     return "\n".join(out)
 
 
-def _eval_samples_html(samples, names: list[str]) -> str:
+SAMPLE_SCORES = (("gold", "gold"), ("rm", "RM"), ("relevance", "relevance"), ("score", "score"))
+"""per-response scores shown under each sample, in this order, to two decimals"""
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _prompt_text(prompt) -> str:
+    if isinstance(prompt, list):  # chat messages: the last user turn
+        users = [m.get("content", "") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return str(users[-1] if users else prompt)
+    return str(prompt)
+
+
+def _response_and_scores(row: dict, name: str) -> tuple[str, dict[str, float]]:
+    """A checkpoint's response in an eval sample row (`name` -> text, `name/gold` -> score, ...), or the
+    older form `name` -> {"response", "gold", ...}."""
+    value = row.get(name)
+    scores = {}
+    if isinstance(value, dict):
+        scores = {k: float(v) for k, v in value.items() if _is_num(v)}
+        value = value.get("response", "")
+    for key, _ in SAMPLE_SCORES:
+        if _is_num(row.get(f"{name}/{key}")):
+            scores[key] = float(row[f"{name}/{key}"])
+    return ("" if value is None else str(value)), scores
+
+
+def _scores_line(scores: dict[str, float]) -> str:
+    shown = [f"{label} {scores[key]:.2f}" for key, label in SAMPLE_SCORES if key in scores]
+    return f"<br><small>{' &middot; '.join(shown)}</small>" if shown else ""
+
+
+def _change_cell(delta: float | None) -> str:
+    if delta is None:
+        return "<td class=num>-</td>"
+    cls = "worse" if delta < 0 else "better" if delta > 0 else ""
+    return f'<td class="num {cls}">{delta:+.2f}</td>'
+
+
+def _eval_samples_html(data: dict) -> str:
+    """Each checkpoint against the baseline, prompt by prompt: both responses side by side with their scores
+    (two decimals) and the change, the largest drop in the judge's score first (the cases to replay). Seeds and
+    indices, needed only to replay a sample, sit in a folded table under it."""
+    samples, ckpts = data.get("samples"), data.get("checkpoints")
     if not isinstance(samples, list):
         return ""
-    rows = [s for s in samples if isinstance(s, dict)][:MAX_SAMPLES]
-    if not rows:
+    rows = [s for s in samples if isinstance(s, dict)]
+    names = list(ckpts) if isinstance(ckpts, dict) else []
+    names = [n for n in names if any(n in r for r in rows)]
+    if not rows or not names:
         return ""
-    cols = [n for n in names if any(n in r for r in rows)]
-    cols += [k for r in rows for k in r if k != "prompt" and k not in cols]
-    cols = list(dict.fromkeys(cols))
+    baseline = data.get("baseline") if data.get("baseline") in names else names[0]
+    settings = data.get("settings") if isinstance(data.get("settings"), dict) else {}
+    judge = settings.get("judge")
+    if judge not in ("gold", "rm"):
+        found = {k for r in rows for n in names for k in _response_and_scores(r, n)[1]}
+        judge = next((k for k in ("gold", "rm") if k in found), None)
+    others = [n for n in names if n != baseline]
+    if not others:  # one checkpoint: its answers alone
+        body = "".join(
+            f"<tr><td>{E(_prompt_text(r.get('prompt', '')))}</td><td>{E(text)}{_scores_line(sc)}</td></tr>"
+            for r in rows[:MAX_SAMPLES] for text, sc in [_response_and_scores(r, baseline)]
+        )
+        return f'<table class="samples"><tr><th>prompt</th><th>{E(baseline)}</th></tr>{body}</table>'
+    blocks = []
+    for other in others:
+        pairs = []
+        for r in rows:
+            if other not in r or baseline not in r:
+                continue
+            (base_text, base_sc), (text, sc) = _response_and_scores(r, baseline), _response_and_scores(r, other)
+            delta = sc[judge] - base_sc[judge] if judge in sc and judge in base_sc else None
+            pairs.append((delta, r, base_text, base_sc, text, sc))
+        pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else 0.0))  # worst change first
+        shown = pairs[:MAX_SAMPLES]
+        order = f"largest drop in {E(judge)} first" if judge else "in prompt order"
+        head = (f"<tr><th>prompt</th><th>{E(baseline)} <small>(baseline)</small></th><th>{E(other)}</th>"
+                f"<th>change{' in ' + E(judge) if judge else ''}</th></tr>")
+        body = "".join(
+            f"<tr><td>{E(_prompt_text(r.get('prompt', '')))}</td><td>{E(bt)}{_scores_line(bs)}</td>"
+            f"<td>{E(t)}{_scores_line(sc)}</td>{_change_cell(d)}</tr>"
+            for d, r, bt, bs, t, sc in shown
+        )
+        caption = (f'<p class=meta>{len(shown)} of {len(pairs)} prompts, {order}; every sample is in '
+                   f"samples.jsonl</p>")
+        blocks.append(f"{caption}<table class=\"samples\">{head}{body}</table>{_replay_html(shown)}")
+    return "\n".join(blocks)
 
-    def show(v):
-        if isinstance(v, dict):
-            text = E(str(v.get("response", "")))
-            extra = " ".join(f"{E(str(k))}={_num(x)}" for k, x in v.items() if k != "response")
-            return f"<td>{text}<br><small>{extra}</small></td>" if extra else f"<td>{text}</td>"
-        return f"<td>{E('' if v is None else str(v))}</td>"
 
-    head = "<tr><th>prompt</th>" + "".join(f"<th>{E(str(c))}</th>" for c in cols) + "</tr>"
+def _replay_html(shown) -> str:
+    """The prompt index, sample number and seed of each row shown, folded away: what replaying a sample needs."""
+    keys = [k for k in ("prompt_index", "sample", "seed") if any(k in p[1] for p in shown)]
+    if not keys:
+        return ""
+    head = "<tr><th>row</th>" + "".join(f"<th>{E(k)}</th>" for k in keys) + "</tr>"
     body = "".join(
-        f"<tr><td>{E(str(r.get('prompt', '')))}</td>" + "".join(show(r.get(c)) for c in cols) + "</tr>" for r in rows
+        f"<tr><td class=num>{i}</td>" + "".join(f"<td class=num>{_num(p[1].get(k, ''))}</td>" for k in keys) + "</tr>"
+        for i, p in enumerate(shown, start=1)
     )
-    return f'<table class="samples">{head}{body}</table>'
+    return f"<details><summary>replay these samples</summary><table>{head}{body}</table></details>"
 
 
 def _training_samples_html(rows: list[dict], stage: str) -> str:
     """The same prompts answered early and late in training, side by side.
 
-    Prompts come back every epoch, so each prompt's first and latest answers are paired; the prompts whose
-    answers are furthest apart in training come first. Without repeated prompts, the last step's answers.
+    Prompts come back every epoch, so each prompt's first and latest answers are paired; the pairs whose gold
+    (else proxy) score fell most come first, then those furthest apart in training. Without repeated prompts,
+    the last step's answers. Scores to two decimals.
     """
     rows = [r for r in rows if "prompt" in r and "response" in r]
     if not rows:
         return ""
 
     def resp(r):
-        extra = " ".join(f"{k} {_num(r[k])}" for k in ("score", "gold") if isinstance(r.get(k), (int, float)))
-        small = f"<br><small>step {E(str(r.get('step')))} &middot; {extra}</small>"
+        extra = " &middot; ".join(f"{k} {r[k]:.2f}" for k in ("score", "gold", "relevance") if _is_num(r.get(k)))
+        small = f"<br><small>step {E(str(r.get('step')))}{' &middot; ' + extra if extra else ''}</small>"
         return f"<td>{E(str(r.get('response', '')))}{small}</td>"
+
+    def change(a, b):
+        for k in ("gold", "score"):
+            if _is_num(a.get(k)) and _is_num(b.get(k)):
+                return b[k] - a[k]
+        return None
 
     first: dict[str, dict] = {}
     latest: dict[str, dict] = {}
@@ -325,15 +472,19 @@ def _training_samples_html(rows: list[dict], stage: str) -> str:
         latest[key] = r
     pairs = [(first[k], latest[k]) for k in first if latest[k].get("step") != first[k].get("step")]
     pairs.sort(key=lambda p: _step_gap(p[0], p[1]), reverse=True)
+    pairs.sort(key=lambda p: (change(*p) is None, change(*p) or 0.0))  # stable: ties keep the gap order
     title = f"<h3>{E(stage)}: samples during training</h3>"
     if pairs:
-        head = "<tr><th>prompt</th><th>early</th><th>late</th></tr>"
-        body = "".join(f"<tr><td>{E(str(a['prompt']))}</td>{resp(a)}{resp(b)}</tr>" for a, b in pairs[:MAX_SAMPLES])
+        head = "<tr><th>prompt</th><th>early</th><th>late</th><th>change</th></tr>"
+        body = "".join(
+            f"<tr><td>{E(_prompt_text(a['prompt']))}</td>{resp(a)}{resp(b)}{_change_cell(change(a, b))}</tr>"
+            for a, b in pairs[:MAX_SAMPLES]
+        )
     else:
         last_step = rows[-1].get("step")
         last = [r for r in rows if r.get("step") == last_step][:MAX_SAMPLES]
         head = "<tr><th>prompt</th><th>response</th></tr>"
-        body = "".join(f"<tr><td>{E(str(r['prompt']))}</td>{resp(r)}</tr>" for r in last)
+        body = "".join(f"<tr><td>{E(_prompt_text(r['prompt']))}</td>{resp(r)}</tr>" for r in last)
     return f'{title}<table class="samples">{head}{body}</table>'
 
 
@@ -373,8 +524,9 @@ def write_report(run_dir) -> Path:
     with atomic_dir(run_dir / "plots") as tmp:
         for name, _d, records in stages:
             imgs = []
-            for chart in CHARTS:
-                png = _plot(records, chart, per_stage_findings[name])
+            drawn = [(chart, _plot(records, chart, per_stage_findings[name])) for chart in CHARTS]
+            drawn.append((OVEROPTIMIZATION_CHART, _plot_overoptimization(records)))
+            for chart, png in drawn:
                 if png is None:
                     continue
                 file = f"{_slug(name)}-{chart[0]}.png"
@@ -394,10 +546,7 @@ def write_report(run_dir) -> Path:
             continue
         eval_html.append(_eval_html(data, source))
         if isinstance(data, dict):
-            ckpts = data.get("checkpoints")
-            names = [data["baseline"]] if isinstance(data.get("baseline"), str) else []
-            names += list(ckpts) if isinstance(ckpts, dict) else []
-            table = _eval_samples_html(data.get("samples"), names)
+            table = _eval_samples_html(data)
             if table:
                 eval_html.append(f"<h3>{E(source)}: samples</h3>{table}")
     samples_html = [_training_samples_html(_read_jsonl(p), name) for name, p in sample_files]
