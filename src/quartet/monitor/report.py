@@ -3,8 +3,8 @@
 The page holds, top to bottom: the doctor's findings, final numbers per stage, the eval table
 (eval/eval.json) and its samples (each checkpoint beside the baseline, prompt by prompt, the largest drop in
 the judge's score first), training curves per stage (with gold and proxy against sqrt(KL) for any run that
-logs objective/gold and objective/kl), and the same prompts answered early and late in training. Plots are PNGs drawn
-with matplotlib's Agg canvas, embedded as base64 and also kept in ``run_dir/plots/``. All text from the
+logs objective/gold and objective/kl), and the same prompts answered early and late in training. Plots
+are PNGs drawn with matplotlib's Agg canvas, embedded as base64 and also kept in ``run_dir/plots/``. All text from the
 run is HTML-escaped; the page loads nothing from the network.
 """
 
