@@ -34,7 +34,7 @@ def slow_group(scores: list[float], G: int, kind: str, eps: float = 1e-6) -> lis
     for start in range(0, len(scores), G):
         grp = scores[start : start + G]
         mean = sum(grp) / G
-        for i, r in enumerate(grp):
+        for r in grp:
             if all(x == grp[0] for x in grp):
                 out.append(0.0)
             elif kind == "grpo":
