@@ -219,8 +219,18 @@ def open_trackers(tracking: TrackingConfig | None, job: str, run_dir=None, param
         except Exception as e:
             Trackers(runs).finish()
             raise ConfigError(f"tracking.report_to: {name} could not start a run ({type(e).__name__}: "
-                              f"{_first_line(e)})") from None
+                              f"{_first_line(e)}){_start_hint(name, tracking)}") from None
     return Trackers(runs)
+
+
+def _start_hint(name: str, tracking: TrackingConfig) -> str:
+    """The usual way out when a tracker cannot start, for the cases a user meets first."""
+    if name == "mlflow" and not (tracking.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")):
+        return ("; set tracking.tracking_uri or $MLFLOW_TRACKING_URI to a server (http://...) or a file: store "
+                "(with MLFLOW_ALLOW_FILE_STORE=true), or pip install mlflow for its local sqlite default")
+    if name == "wandb" and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
+        return "; log in (wandb login / $WANDB_API_KEY) or log locally with WANDB_MODE=offline"
+    return ""
 
 
 # --------------------------------------------------------------------------- a pipeline's run
