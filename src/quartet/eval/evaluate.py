@@ -54,7 +54,7 @@ import torch
 
 from quartet.algo import gather_logprobs
 from quartet.atomic import atomic_write_text
-from quartet.config import DataConfig
+from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
 from quartet.outputs import check_output_dir, write_marker
@@ -102,13 +102,14 @@ class EvalSettings:
     always float32"""
 
     def validate(self) -> None:
-        if self.num_prompts is not None and self.num_prompts <= 0:
-            raise ConfigError(f"num_prompts: must be > 0, got {self.num_prompts}")
+        # the config module's checks: a NaN or an infinity fails them too (`nan < 0` is False)
+        if self.num_prompts is not None:
+            _positive(self.num_prompts, "num_prompts")
         for name in ("max_new_tokens", "samples_per_prompt", "max_prompt_tokens", "batch_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be > 0, got {getattr(self, name)}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature: must be >= 0 (0 = greedy), got {self.temperature}")
+            _positive(getattr(self, name), name)
+        _non_negative(self.temperature, "temperature")  # 0 = greedy
+        _seed(self.seed, "seed")
+        _number(self.top_p, "top_p")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.sample_dtype not in (*DTYPES, "auto"):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from quartet.atomic import atomic_write_text
 from quartet.config import RewardConfig, load_config, save_config, validate
 from quartet.data import encode_pairs, encode_prompts, left_pad, load_preferences, load_prompts, right_pad
-from quartet.errors import DataError
+from quartet.errors import DataError, ModelError
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
 from quartet.models.loading import check_context
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
@@ -77,7 +77,10 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
         _check_margins(train_ex, cfg.data.path)
     norm_prompts = load_prompts(cfg.normalize_prompts) if cfg.normalize_prompts is not None else None
     if cfg.normalize_policy:  # it samples after training: a bad policy fails now, not after the last step
-        model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+        try:
+            model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+        except ModelError as e:
+            raise ModelError(f"rm.normalize_policy: {e}") from None
         _policy_prompt_ids(cfg, model, tok, _normalization_prompts(cfg, norm_prompts, train_ex))
         del model, tok
     rm = load_reward_model(cfg.model, torch.float32)
