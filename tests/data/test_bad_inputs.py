@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 
 import pytest
 
@@ -18,8 +19,13 @@ from quartet.config import DataConfig
 from quartet.data import encode_prompts, encode_sft, load_preferences, load_prompts, load_sft
 from quartet.data.schemas import SFTExample
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
+from quartet.data.readers import check_data_path
 from quartet.judges import load_reward_fn
+from quartet.models import resolve_model
+from quartet.models.loading import check_context
+from quartet.models.reward import check_trained_reward_model
 from quartet.models.tiny import build_tiny_tokenizer
+from quartet.rollout.scoring import Scorer
 
 
 def _jsonl(tmp, rows, name="data.jsonl"):
@@ -56,6 +62,20 @@ def sft(path, **kw):
 
 
 TOK = build_tiny_tokenizer()
+
+
+def _model_dir(tmp, config='{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}', weights=b""):
+    """A model dir with this config.json text and model.safetensors bytes (None: no weights file)."""
+    path = tmp / "model"
+    path.mkdir()
+    (path / "config.json").write_text(config)
+    if weights is not None:
+        (path / "model.safetensors").write_bytes(weights)
+    return str(path)
+
+
+def _with_context(n):
+    return types.SimpleNamespace(config=types.SimpleNamespace(max_position_embeddings=n))
 
 
 def _user_reward(tmp, body):
@@ -220,6 +240,34 @@ CASES = {
     "reward-returns-wrong-count": (
         lambda t: lambda: load_reward_fn(_user_reward(t, "return [1.0]"))(["p", "q"], ["a", "b"]),
         ConfigError, ["user_reward_mod:score", "returned 1 scores for 2 responses"],
+    ),
+    "reward-dir-missing": (
+        lambda t: lambda: Scorer(str(t / "runs" / "rm")),
+        ConfigError, ["runs/rm", "no such reward-model directory"],
+    ),
+    "reward-plain-language-model": (
+        lambda t: lambda: check_trained_reward_model(_model_dir(t, weights=None)),
+        ModelError, ["reward model", "no trained reward head"],
+    ),
+    "model-config-json-not-an-object": (
+        lambda t: lambda: resolve_model(_model_dir(t, config="[1, 2]")),
+        ModelError, ["model/config.json", "expected a JSON object, got list"],
+    ),
+    "model-config-json-not-json": (
+        lambda t: lambda: resolve_model(_model_dir(t, config="{oops")),
+        ModelError, ["model/config.json", "not readable JSON"],
+    ),
+    "model-weights-not-safetensors": (
+        lambda t: lambda: resolve_model(_model_dir(t, weights=b"\x00" * 7)),
+        ModelError, ["model/model.safetensors", "damaged weights file"],
+    ),
+    "data-path-unknown-type": (
+        lambda t: lambda: check_data_path(_bytes(t, "data.txt", b"hello")),
+        DataError, ["data.txt", "unknown file type '.txt'"],
+    ),
+    "prompt-longer-than-context": (
+        lambda t: lambda: check_context(_with_context(8), [[1] * 6, [1] * 3], 4, "label.policy 'p'", "lower one"),
+        ConfigError, ["label.policy 'p'", "longest prompt (6 tokens) + max_new_tokens (4) = 10", "context of 8 tokens"],
     ),
     "reward-returns-nan": (
         lambda t: lambda: load_reward_fn(_user_reward(t, "return [0.0, float('nan')]"))(["p", "q"], ["a", "b"]),
