@@ -284,6 +284,8 @@ def _sample_kl(policy, reference, probe, cfg: DPOConfig, tok) -> float:
     """Mean over the probe prompts of sum_t KL(pi(.|prefix) || pi_ref(.|prefix)) along the policy's own answer
     (the chain rule makes this KL(pi || pi_ref) per sequence; full-vocabulary terms are never negative)."""
     ids, mask, seeds = probe
+    device = next(policy.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
     gen = cfg.generation
     policy.eval()
     responses = sample_responses(policy, ids, mask, seeds, max_new_tokens=gen.max_new_tokens,
