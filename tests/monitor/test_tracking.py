@@ -83,6 +83,9 @@ def wandb_runs(root: Path) -> list[dict]:
                 r = rec.run
                 config = {u.key: json.loads(u.value_json) for u in r.config.update}
                 run.update(name=r.display_name, group=r.run_group, job=r.job_type, config=config)
+            elif which == "artifact":
+                files = sorted(e.path for e in rec.artifact.manifest.contents)
+                run.setdefault("artifacts", []).append((rec.artifact.name, files))
             elif which == "history":
                 items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
                 run["history"].append({k: v for k, v in items.items() if not k.startswith("_") or k == "_step"})
@@ -359,6 +362,41 @@ def test_pipeline_stages_share_one_group_and_a_parent_run_with_the_report(tmp_pa
     project = cfg.tracking.project
     assert set(SQLiteStorage.get_runs(project)) == {"demo-sft", "demo-rm", "demo"}
     assert SQLiteStorage.get_run_config(project, "demo-rm")["_Group"] == "demo"
+
+
+@needs_all
+def test_pipeline_run_gets_the_eval_table_and_files_in_every_tracker(tmp_path, offline):
+    from quartet.monitor.tracking import PipelineTracking
+
+    cfg = from_dict(TrackingConfig, tracking(tmp_path, offline, run_name="p", group="p"))
+    (tmp_path / "report.html").write_text("<html><body>report</body></html>")
+    (tmp_path / "summary.md").write_text("# summary\n")
+    table = (["checkpoint", "gold"], [["sft", 0.25], ["ppo", 0.75]])
+    with PipelineTracking(cfg, tmp_path, params={"task": "tiny-target", "sft": {"max_steps": 2}}) as run:
+        run.attach([tmp_path / "report.html", tmp_path / "summary.md", tmp_path / "missing.json"], table)
+
+    client = mlflow_client(offline)
+    [parent] = client.search_runs([client.get_experiment_by_name(tmp_path.name).experiment_id])
+    assert parent.info.status == "FINISHED" and parent.data.params == {"task": "tiny-target", "sft.max_steps": "2"}
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"report.html", "summary.md",
+                                                                          "eval_table.json"}
+    saved = client.download_artifacts(parent.info.run_id, "eval_table.json", str(tmp_path / "dl"))
+    saved = json.loads(Path(saved).read_text())
+    assert saved == {"columns": table[0], "data": table[1]}
+
+    [wb] = wandb_runs(tmp_path)
+    assert (wb["name"], wb["group"], wb["job"]) == ("p", "p", "pipeline")
+    logged = {k for h in wb["history"] for k in h}
+    assert {"eval/_type", "report/_type"} <= logged  # media are logged as references to files of the run
+    assert ("p-outputs", ["report.html", "summary.md"]) in wb["artifacts"]
+    media = list(tmp_path.glob("wandb/offline-run-*/files/media/table/eval_*.table.json"))
+    assert [json.loads(m.read_text())["data"] for m in media] == [table[1]]
+
+    tio = trackio_logs(cfg.project, "p")
+    assert any("eval" in row for row in tio)
+    from trackio.sqlite_storage import SQLiteStorage
+
+    assert SQLiteStorage.get_run_config(cfg.project, "p")["task"] == "tiny-target"
 
 
 def test_eval_table_is_one_row_per_checkpoint(tmp_path):
