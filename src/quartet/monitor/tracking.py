@@ -237,8 +237,9 @@ def _start_hint(name: str, tracking: TrackingConfig) -> str:
 class PipelineTracking:
     """The pipeline-level run of `quartet run`: `tracking.run_name`, with the resolved pipeline config.
 
-    MLflow's is opened on entry so that the stages' runs nest under it; W&B and trackio keep one run
-    at a time per process, so theirs is opened by `attach`, after the stages, in the stages' group.
+    MLflow's is opened on entry so that the stages' runs nest under it. W&B and trackio group runs by name
+    instead, and trackio keeps one run at a time per process, so theirs is opened by `attach`, after the
+    stages, in the stages' group.
     """
 
     def __init__(self, tracking: TrackingConfig, out: Path, params=None):
