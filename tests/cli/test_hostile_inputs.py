@@ -61,6 +61,7 @@ CASES = [
          {"sft.yaml": f"model: '{TINY}'\ndata: {{path: sft.jsonl}}\nepochs: .inf\n", "sft.jsonl": SFT_ROWS}),
     Case("sft-adam-eps-zero", ["sft", "optim.adam_eps=0"], ["optim.adam_eps: must be > 0, got 0.0"]),
     Case("sft-grad-norm-nan", ["sft", "optim.max_grad_norm=.nan"], ["optim.max_grad_norm: must be a finite number"]),
+    Case("sft-weight-decay-negative", ["sft", "optim.weight_decay=-0.1"], ["optim.weight_decay: must be >= 0, got -0.1"]),
     Case("sft-lora-dropout-one", ["sft", "lora.dropout=1"], ["lora.dropout: must be < 1"]),
     Case("sft-seed-negative", ["sft", "seed=-1"], ["seed: must be in [0, 4294967295], got -1"]),
     Case("sft-yaml-month-13", ["sft", "-c", "sft.yaml"], ["sft.yaml: not valid YAML", "month must be in 1..12"],
@@ -117,6 +118,10 @@ CASES = [
     # ---- damaged model files, at every entry point that loads a model
     Case("sft-model-truncated", ["sft", "model=lm", "data.path=sft.jsonl"], ["lm/model.safetensors: damaged weights file"],
          {"lm": model("lm", "truncate"), "sft.jsonl": SFT_ROWS}, subprocess=True),
+    Case("sft-model-gguf-cut-short", ["sft", "model=cut.gguf", "data.path=sft.jsonl"],
+         ["model 'cut.gguf': cannot read the GGUF tokenizer"], {"cut.gguf": "GGUF\x03\x00\x00\x00", "sft.jsonl": SFT_ROWS}),
+    Case("eval-reference-truncated", ["eval", TINY, *EVAL, "--reference", "lm"], ["lm/model.safetensors: damaged weights file"],
+         {"lm": model("lm", "truncate")}),
     Case("sft-model-config-not-json", ["sft", "model=lm", "data.path=sft.jsonl"], ["lm/config.json: not readable JSON"],
          {"lm": model("lm", "config"), "sft.jsonl": SFT_ROWS}),
     Case("eval-checkpoint-truncated", ["eval", "lm", *EVAL], ["lm/model.safetensors: damaged weights file"],

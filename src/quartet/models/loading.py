@@ -21,6 +21,7 @@ import importlib.util
 import json
 import logging
 import os
+import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,7 +280,7 @@ def _load_gguf(source: ModelSource, dtype: torch.dtype, cache: bool):
                 quantization_config=GgufConfig(dequantize=True),
                 local_files_only=True,
             )
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error) as e:  # a cut GGUF: struct.error
             raise ModelError(f"model '{source.name}': cannot load GGUF ({_first_line(e)})") from None
         strip_quantization(model)
         if not cache:
@@ -301,7 +302,7 @@ def _load_gguf_tokenizer(source: ModelSource):
             tok = AutoTokenizer.from_pretrained(
                 source.path, gguf_file=source.gguf_file, local_files_only=True
             )
-        except (OSError, ValueError, KeyError, RuntimeError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error) as e:  # a cut GGUF: struct.error
             raise ModelError(
                 f"model '{source.name}': cannot read the GGUF tokenizer ({_first_line(e)})"
             ) from None
