@@ -4,11 +4,12 @@ rm + ppo, the CLI, bad input."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
-from trainer_helpers import TINY, keyword_pairs, run_cli, single_thread, write_jsonl  # noqa: F401
+from trainer_helpers import TINY, keyword_pairs, memorise_rows, run_cli, single_thread, write_jsonl  # noqa: F401
 
 from quartet.cli import main
 from quartet.config import DPOConfig, LoraConfig, from_dict, load_config
@@ -148,25 +149,37 @@ def test_lora_policy_uses_the_adapter_disabled_reference(tmp_path):
     assert "LoRA r=4" in summary and "the adapter-disabled policy" in summary
 
 
-def test_pipeline_runs_dpo_in_place_of_rm_and_ppo(tmp_path, monkeypatch):
-    from quartet import pipeline
-    from quartet.eval import evaluate as ev
+def test_pipeline_runs_dpo_in_place_of_rm_and_ppo(tmp_path):
+    """`stages: [sft, label, dpo, eval]` on tiny models: DPO reads the label stage's pairs, starts from the SFT
+    model, and the eval compares it with SFT the way it compares PPO."""
+    from quartet.pipeline import load_pipeline, run_pipeline
 
-    (tmp_path / "p.yaml").write_text(f"output_dir: {tmp_path / 'run'}\nstages: [sft, label, dpo, eval]\n")
-    cfg = pipeline.load_pipeline(str(tmp_path / "p.yaml"))
+    sft = write_jsonl(tmp_path / "demo.jsonl", memorise_rows())
     out = tmp_path / "run"
+    (tmp_path / "pipe.yaml").write_text(json.dumps({
+        "output_dir": str(out), "task": "tiny-target", "stages": ["sft", "label", "dpo", "eval"],
+        "tracking": {"report_to": "none"},
+        "sft": {"model": TINY, "data": {"path": str(sft), "chat_template": False}, "eval_fraction": 0.25,
+                "max_steps": 2, "batch_size": 4, "precision": "fp32"},
+        "label": {"num_samples": 4, "prompts": {"limit": 24}, "min_gap": 0.0,
+                  "generation": {"max_new_tokens": 8, "batch_size": 32}},
+        "dpo": {"max_steps": 3, "batch_size": 4, "log_every": 1, "precision": "fp32", "eval_fraction": 0.25,
+                "kl_samples": 2, "generation": {"max_new_tokens": 8}, "optim": {"lr": 1e-3}},
+        "eval": {"num_prompts": 4, "max_new_tokens": 8, "batch_size": 4},
+    }))
+    cfg = load_pipeline(str(tmp_path / "pipe.yaml"))
     assert cfg.dpo.policy == str(out / "sft" / "model") and cfg.dpo.data.path == cfg.label.output
-    assert cfg.dpo.output_dir == str(out / "dpo")
-    calls = {}
-    monkeypatch.setattr(ev, "evaluate", lambda checkpoints, **kw: calls.update(checkpoints=checkpoints, **kw))
-    monkeypatch.setattr(ev, "format_table", lambda result, names: f"table {names}")
-    monkeypatch.setattr(ev, "format_samples", lambda result, k, names: "")
-    pipeline._evaluate(cfg, out)
-    dpo_model = str(out / "dpo" / "model")
-    assert calls["checkpoints"] == [cfg.dpo.policy, dpo_model]
-    assert calls["baseline"] == calls["reference"] == cfg.dpo.policy and calls["reward_model"] is None
+    times = run_pipeline(cfg)
+    assert list(times) == ["sft", "label", "dpo", "eval"] and not (out / "rm").exists() and not (out / "ppo").exists()
+    dpo_config = (out / "dpo" / "config.yaml").read_text()
+    assert f"policy: {out / 'sft' / 'model'}" in dpo_config and str(out / "label" / "preferences.jsonl") in dpo_config
+    assert read_metrics(out / "dpo")[-1]["step"] == 3
+    result = json.loads((out / "eval" / "eval.json").read_text())
+    assert list(result["checkpoints"]) == [str(out / "sft" / "model"), str(out / "dpo" / "model")]
+    assert result["checkpoints"][str(out / "dpo" / "model")]["kl_full"]["mean"] > 0  # measured against SFT
     summary = (out / "summary.md").read_text()
-    assert f"DPO = `{dpo_model}`" in summary and "'DPO'" in summary and "PPO" not in summary
+    assert "| SFT (baseline) |" in summary and "| DPO |" in summary and "PPO" not in summary
+    assert "DPO loss and implicit-reward accuracy" in (out / "report.html").read_text()
 
 
 def test_cli_dpo_end_to_end_and_bad_file(tmp_path, capsys):
