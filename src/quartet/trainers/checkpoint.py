@@ -223,26 +223,46 @@ def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None]) -> tu
 
 # --------------------------------------------------------------------------- best iteration
 class BestTracker:
-    """The trainable weights of the best iteration by `metric`, kept on disk (checkpoints/best/) rather
-    than in memory or in every checkpoint's state; its (value, iteration) go into the state."""
+    """The trainable weights of the best iteration by `metric`, kept on disk (checkpoints/best-N/) rather
+    than in memory or in every checkpoint's state; its (value, iteration) go into the state.
+
+    A best found after the newest checkpoint gets its own folder, so a run killed before its next checkpoint
+    resumes with the best its checkpoint names; `prune` removes the folders no checkpoint names any more.
+    """
 
     def __init__(self, run_dir: Path, metric: str):
-        self.dir = Path(run_dir) / "checkpoints" / "best"
+        self.root = Path(run_dir) / "checkpoints"
         self.metric = metric
         self.value: float | None = None
         self.iteration: int | None = None
+
+    @property
+    def dir(self) -> Path:
+        return self.root / f"best-{self.iteration}"
 
     def update(self, iteration: int, metrics: dict, module: torch.nn.Module) -> bool:
         value = metrics.get(self.metric)
         if value is None or value != value or (self.value is not None and value <= self.value):
             return False
-        with atomic_dir(self.dir) as tmp:
+        with atomic_dir(self.root / f"best-{iteration}") as tmp:
             save_file(trainable_state(module), str(tmp / "weights.safetensors"))
         self.value, self.iteration = float(value), int(iteration)
         return True
 
     def load_into(self, module: torch.nn.Module) -> None:
         load_trainable_state(module, _read_tensors(self.dir / "weights.safetensors"), str(self.dir))
+
+    def prune(self) -> None:
+        """Delete best-N folders that neither this tracker nor any checkpoint on disk refers to."""
+        named = {self.iteration}
+        for path in list_checkpoints(self.root.parent):
+            try:
+                named.add(json.loads((path / STATE_JSON).read_text(encoding="utf-8"))["best"]["iteration"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        for folder in self.root.glob("best-*"):
+            if folder.name.removeprefix("best-") not in {str(i) for i in named if i is not None}:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def state_dict(self) -> dict:
         return {"value": self.value, "iteration": self.iteration}

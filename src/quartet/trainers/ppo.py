@@ -88,6 +88,9 @@ class PPOTrainer:
         if ckpt.list_checkpoints(self.run_dir) and not resume:
             raise ConfigError(f"ppo.output_dir: {self.run_dir} already holds a PPO run; pass --resume to continue "
                               f"it or choose another output_dir")
+        if resume and not ckpt.list_checkpoints(self.run_dir):
+            raise ConfigError(f"{self.run_dir}: --resume given but there is no checkpoint under "
+                              f"{self.run_dir / 'checkpoints'}")
         self.estimator = get_estimator(cfg.advantage)
         self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
         torch.manual_seed(cfg.seed)
@@ -279,7 +282,8 @@ class PPOTrainer:
         metrics, stopped_by, iteration = {}, None, self.start_iteration
         bar = tqdm(range(self.start_iteration + 1, cfg.iterations + 1), desc="ppo", initial=self.start_iteration,
                    total=cfg.iterations, disable=not (self.progress and self.main), dynamic_ncols=True)
-        with self._lock, MetricsLogger(self.run_dir, "ppo") if self.main else contextlib.nullcontext() as logger:
+        with self._lock, MetricsLogger(self.run_dir, "ppo", tracking=cfg.tracking, params=cfg) if self.main else \
+                contextlib.nullcontext() as logger:
             for iteration in bar:
                 metrics = self.step(iteration)
                 if self.main:
@@ -342,6 +346,7 @@ class PPOTrainer:
             }
             modules = {"policy": self.accelerator.unwrap_model(self.model)}
             path = ckpt.save_checkpoint(self.run_dir, iteration, modules, state, self.cfg.keep_checkpoints)
+            self.best.prune()
         self.accelerator.wait_for_everyone()
         return path
 
