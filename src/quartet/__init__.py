@@ -4,13 +4,15 @@ __version__ = "0.1.0"
 
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
 
-__all__ = ["ConfigError", "DataError", "ModelError", "PPOConfig", "PPOTrainer", "QuartetError", "__version__"]
+__all__ = ["ConfigError", "DPOConfig", "DataError", "ModelError", "PPOConfig", "PPOTrainer", "QuartetError",
+           "__version__", "train_dpo"]
 
-_LAZY = {"PPOTrainer": "quartet.trainers.ppo", "PPOConfig": "quartet.config"}
+_LAZY = {"PPOTrainer": "quartet.trainers.ppo", "PPOConfig": "quartet.config", "DPOConfig": "quartet.config",
+         "train_dpo": "quartet.trainers.dpo"}
 
 
 def __getattr__(name: str):
-    """`quartet.PPOTrainer` / `quartet.PPOConfig` without importing torch at `import quartet`."""
+    """`quartet.PPOTrainer`, `quartet.train_dpo` and their configs without importing torch at `import quartet`."""
     if name in _LAZY:
         import importlib
 

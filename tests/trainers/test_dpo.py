@@ -218,3 +218,14 @@ def test_prompts_that_fill_max_seq_len_are_an_error_before_any_output(tmp_path):
     with pytest.raises(QuartetError, match=r"pairs.jsonl: every one of the 160 prompts fills max_seq_len=2"):
         train_dpo(make_cfg(tmp_path, max_seq_len=2))
     assert not (tmp_path / "dpo").exists()
+
+
+def test_a_users_folder_is_refused_before_any_work(tmp_path, monkeypatch):
+    import quartet.trainers.dpo as dpo
+
+    (tmp_path / "dpo").mkdir()
+    (tmp_path / "dpo" / "notes.txt").write_text("mine")
+    monkeypatch.setattr(dpo, "load_causal_lm", lambda *a, **k: pytest.fail("loaded a model for a refused output"))
+    with pytest.raises(QuartetError, match=r"dpo.output_dir: .* already holds files that are not a Quartet run"):
+        train_dpo(make_cfg(tmp_path))
+    assert [p.name for p in (tmp_path / "dpo").iterdir()] == ["notes.txt"]

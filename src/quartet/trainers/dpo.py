@@ -38,6 +38,7 @@ from quartet.errors import DataError
 from quartet.eval.evaluate import sample_responses, sample_seed
 from quartet.models import apply_lora, load_causal_lm, make_reference, save_model
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
+from quartet.outputs import check_output_dir
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
 from quartet.trainers import loop
 
@@ -96,6 +97,7 @@ class _Pair:
 
 def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
     validate(cfg)
+    check_output_dir(cfg.output_dir, "dpo", overwrite)  # before minutes of reference log-probs (again in run_dir)
     loop.seed_everything(cfg.seed)
     # 1. inputs first: pairs, model, tokens -- all before the run dir is touched
     examples = load_preferences(cfg.data)
