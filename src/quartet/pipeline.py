@@ -172,10 +172,11 @@ def check_inputs(cfg: PipelineConfig) -> None:
     """Every input the configured stages will read, checked before the first stage starts, so a typo in
     the last stage does not cost the hours of the first ones: model names and dirs (config.json and
     weight headers), data paths (files, task names and splits), reward and judge specs (task names,
-    `module:function` imports, trained reward-model dirs). What an earlier stage of this run writes is
-    taken on trust. Errors name the config key."""
+    `module:function` imports, trained reward-model dirs), and each stage's output (not a user's folder
+    or file). What an earlier stage of this run writes is taken on trust. Errors name the config key."""
     from quartet.data.readers import check_data_path
     from quartet.models import resolve_model
+    from quartet.outputs import check_output_dir, check_output_file
     from quartet.rollout.scoring import check_reward_spec
 
     made: set[str] = set()  # outputs of the stages that run before the one being checked
@@ -218,6 +219,14 @@ def check_inputs(cfg: PipelineConfig) -> None:
                 data(f"{stage}.{key}.path", getattr(sub, key, None))
         elif stage == "eval":
             check("eval.prompts", check_data_path, sub.prompts)
+        # where it writes: each stage refuses a user's folder or file when it starts; say so before the first
+        if stage == "label":
+            output = Path(sub.output)
+            check_output_file(output, output.with_name(f"{output.stem}.config.yaml").is_file(), "label.output")
+        elif stage == "eval":
+            check_output_dir(Path(cfg.output_dir) / "eval", "eval", key="out")
+        else:
+            check_output_dir(sub.output_dir, stage)
         if stage == "label":
             made.add(os.path.normpath(sub.output))
         elif stage != "eval":

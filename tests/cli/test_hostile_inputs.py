@@ -115,6 +115,12 @@ CASES = [
     Case("run-label-policy-damaged", ["run", "pipe.yaml", "stages=[label]", "label.policy=lm"],
          ["label.policy: lm/model.safetensors: damaged weights file"],
          {"pipe.yaml": PIPELINE, "lm": model("lm", "truncate")}),
+    Case("run-ppo-output-is-a-user-folder", ["run", "pipe.yaml", "ppo.output_dir=mine"],
+         ["ppo.output_dir: mine already holds files that are not a Quartet run"],
+         {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS, "mine/thesis.tex": "my thesis\n"}),
+    Case("run-label-output-is-a-user-file", ["run", "pipe.yaml", "label.output=notes.jsonl"],
+         ["label.output: notes.jsonl exists and was not written by Quartet"],
+         {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS, "notes.jsonl": '{"mine": 1}\n'}),
     # ---- damaged model files, at every entry point that loads a model
     Case("sft-model-truncated", ["sft", "model=lm", "data.path=sft.jsonl"], ["lm/model.safetensors: damaged weights file"],
          {"lm": model("lm", "truncate"), "sft.jsonl": SFT_ROWS}, subprocess=True),
