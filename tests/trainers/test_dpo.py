@@ -229,3 +229,23 @@ def test_a_users_folder_is_refused_before_any_work(tmp_path, monkeypatch):
     with pytest.raises(QuartetError, match=r"dpo.output_dir: .* already holds files that are not a Quartet run"):
         train_dpo(make_cfg(tmp_path))
     assert [p.name for p in (tmp_path / "dpo").iterdir()] == ["notes.txt"]
+
+
+def test_reference_runs_once_per_batch_of_pairs_then_only_for_the_kl_probe(tmp_path, monkeypatch):
+    """Precomputation: one reference forward per batch of the 20 pairs, then one per held-out pass (the KL
+    probe), never in the training loop; with kl_samples 0 and no named reference no reference exists at all."""
+    from quartet.models.reference import Reference
+
+    calls = []
+    original = Reference.logits
+    monkeypatch.setattr(Reference, "logits", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
+    cfg = make_cfg(tmp_path, n=20, max_steps=4, batch_size=4, eval_every=2, kl_samples=2, reference=TINY)
+    train_dpo(cfg)
+    assert len(calls) == 20 // 4 + 3  # 5 batches of pairs + held-out passes at steps 0, 2 and 4
+
+    import quartet.trainers.dpo as dpo
+
+    monkeypatch.setattr(dpo, "make_reference", lambda *a, **k: pytest.fail("a reference model was built"))
+    result = train_dpo(make_cfg(tmp_path, n=20, max_steps=2, batch_size=4, kl_samples=0,
+                                output_dir=str(tmp_path / "no-ref")))
+    assert result.first_eval.margin == pytest.approx(0.0, abs=1e-4) and result.eval.margin != 0.0
