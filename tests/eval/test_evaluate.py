@@ -233,3 +233,17 @@ def test_minilm_relevance_on_free_prompts():
     result = evaluate([TINY], prompts=PROMPTS, num_prompts=3, max_new_tokens=4, relevance="judge:relevance")
     m = result.checkpoints[TINY]["relevance"]
     assert -1.0 <= m["lo"] <= m["mean"] <= m["hi"] <= 1.0
+
+
+def test_format_samples_puts_the_worst_change_first_with_two_decimals():
+    from quartet.eval.evaluate import EvalResult
+
+    samples = [{"prompt": f"p{i}", "prompt_index": i, "sample": 0, "seed": 123456789 + i, "sft": f"s{i}",
+                "sft/gold": 0.5, "sft/relevance": 0.5, "ppo": f"q{i}", "ppo/gold": 0.5 + d, "ppo/relevance": 0.123456}
+               for i, d in enumerate([0.1, -0.4, 0.0, -0.2])]
+    text = format_samples(EvalResult({"sft": {}, "ppo": {}}, "sft", {"judge": "gold"}, samples), k=3)
+    assert [line.split("**")[1] for line in text.splitlines() if line.startswith("**")] == \
+        ["prompt 1", "prompt 3", "prompt 2"]
+    assert "| checkpoint | gold | relevance | response |" in text
+    assert "| ppo | 0.10 | 0.12 | q1 |" in text and "| sft | 0.50 | 0.50 | s1 |" in text
+    assert "seed" not in text and "12345678" not in text

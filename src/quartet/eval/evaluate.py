@@ -548,15 +548,27 @@ def format_table(result: EvalResult, names: dict[str, str] | None = None) -> str
 
 
 def format_samples(result: EvalResult, k: int = 3, names: dict[str, str] | None = None) -> str:
-    """The first k prompts with every checkpoint's response side by side (markdown)."""
+    """k prompts with every checkpoint's response side by side (markdown), scores to two decimals; the prompts
+    where the first other checkpoint lost most against the baseline (by the judge) come first: the cases to
+    read and replay. The prompt's number is its index in the prompt set (its seed is in samples.jsonl)."""
     judge = result.settings.get("judge")
+    others = [n for n in result.checkpoints if n != result.baseline]
+    rows = list(result.samples)
+    if judge and others:
+        def change(row):
+            return row[f"{others[0]}/{judge}"] - row[f"{result.baseline}/{judge}"]
+
+        rows.sort(key=change)  # stable: equal changes keep prompt order
+    keys = [key for key in ("gold", "rm", "relevance") if any(f"{n}/{key}" in rows[0] for n in result.checkpoints)] \
+        if rows else []
     blocks = []
-    for row in result.samples[:k]:
-        lines = [f"**prompt {row['prompt_index']}** (seed {row['seed']}): {_one_line(row['prompt'])}", ""]
-        lines += ["| checkpoint | " + (f"{judge} | " if judge else "") + "response |", "|---|---|" + ("---|" if judge else "")]
+    for row in rows[:k]:
+        lines = [f"**prompt {row['prompt_index']}**: {_one_line(row['prompt'])}", ""]
+        lines += ["| checkpoint | " + "".join(f"{key} | " for key in keys) + "response |",
+                  "|---|" + "---|" * len(keys) + "---|"]
         for name in result.checkpoints:
-            score = f"{row[f'{name}/{judge}']:.3f} | " if judge else ""
-            lines.append(f"| {_label(name, names)} | {score}{_one_line(row[name])} |")
+            scores = "".join(f"{row[f'{name}/{key}']:.2f} | " if f"{name}/{key}" in row else "- | " for key in keys)
+            lines.append(f"| {_label(name, names)} | {scores}{_one_line(row[name])} |")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 
