@@ -133,3 +133,22 @@ def test_scalar_head_shape_and_init():
     assert head(torch.zeros(2, 5, 399)).shape == (2, 5)
     assert torch.count_nonzero(head.summary.bias) == 0
     assert head.summary.weight.std().item() == pytest.approx(1 / 20, rel=0.2)
+
+
+def test_texts_longer_than_the_context_are_cut_to_it_from_the_left():
+    """A learned-position backbone (GPT-2, 16 positions) scores a 100-character text as its last 16 tokens."""
+    rm = load_reward_model("tiny:gpt2?hidden=32&layers=1&heads=4&vocab=300&ctx=16")
+    tail = "y" * 16
+    long, cut = rm.score_texts(["x" * 100 + tail, tail])
+    assert math.isfinite(long) and long == pytest.approx(cut, abs=1e-5)
+
+
+def test_scoring_refuses_a_model_with_no_trained_head(tmp_path):
+    from quartet.models import load_causal_lm, save_model
+
+    save_model(*load_causal_lm(TINY), tmp_path / "lm")
+    for name in (str(tmp_path / "lm"), TINY):
+        with pytest.raises(ModelError, match="no trained reward head"):
+            load_reward_model(name, trained=True)
+    saved = save_reward_model(load_reward_model(TINY), tmp_path / "rm")
+    assert load_reward_model(str(saved), trained=True).backbone == TINY

@@ -36,6 +36,7 @@ from quartet.models.loading import (
     _first_line,
     _package_dir,
     base_model_of,
+    context_length,
     disable_dropout,
     ensure_pad_token,
     is_causal_model_type,
@@ -101,6 +102,7 @@ class RewardModel(nn.Module):
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
+        max_length = min(max_length, context_length(self.model) or max_length)  # past it, positions overflow
         scores: list[float] = []
         try:
             for start in range(0, len(texts), batch_size):
