@@ -19,12 +19,21 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quartet.config import LabelConfig, PPOConfig, RewardConfig, SFTConfig, load_config, save_config, validate
+from quartet.config import (
+    DPOConfig,
+    LabelConfig,
+    PPOConfig,
+    RewardConfig,
+    SFTConfig,
+    load_config,
+    save_config,
+    validate,
+)
 from quartet.errors import ConfigError
 from quartet.pipeline import PipelineConfig, load_pipeline
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-STAGES = [SFTConfig, LabelConfig, RewardConfig, PPOConfig]
+STAGES = [SFTConfig, LabelConfig, RewardConfig, PPOConfig, DPOConfig]
 WORK = Path(tempfile.mkdtemp(prefix="quartet-fuzz-config-"))
 
 scalars = st.one_of(
