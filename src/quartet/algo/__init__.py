@@ -25,6 +25,7 @@ from quartet.algo.losses import (
     clipped_value_loss,
     explained_variance,
 )
+from quartet.algo.offpolicy import logprob_gap, truncated_importance_weights
 from quartet.algo.preference import PREFERENCE_LOSSES, preference_loss
 from quartet.algo.stats import (
     check_mask,
@@ -61,6 +62,7 @@ __all__ = [
     "gather_logprobs",
     "kl_estimate",
     "last_token_index",
+    "logprob_gap",
     "masked_mean",
     "masked_sum",
     "masked_var",
@@ -68,4 +70,5 @@ __all__ = [
     "preference_loss",
     "reinforce_advantages",
     "token_rewards",
+    "truncated_importance_weights",
 ]
