@@ -37,6 +37,9 @@ value_loss_stuck            >= 15 points; value/loss median of last 5 >= 0.9x me
                             value/explained_variance (when logged) below 0.1
 explained_variance_negative >= 10 points; the last 5 value/explained_variance all below 0, their median < -0.1
 truncation                  rollout/eos_rate now < 0.5 (most responses hit max_new_tokens)
+engine_mismatch             rollout/logprob_diff_mean (|trainer - engine| log-prob of the sampled tokens, per
+                            token, logged when the engine returns log-probs, e.g. vLLM) now > 0.5 nats; or, with
+                            >= 6 points, now >= 3x start and > start + 0.05 nats
 both_logps_down             DPO, >= 6 points: the chosen answers' log-ratio to the reference (rewards/chosen
                             / dpo/beta, change from start) fell > 1 nat, the rejected ones' fell further,
                             and the chosen fall is >= 25% of the margin gained
@@ -78,6 +81,7 @@ EV_MIN_POINTS, EV_WINDOW, EV_MEDIAN_MAX = 10, 5, -0.1
 EOS_RATE_MIN = 0.5
 RELEVANCE_KEY, RELEVANCE_RATIO, RELEVANCE_NOISE = "rollout/relevance", 0.8, 5.0
 CHOSEN_DROP_NATS, CHOSEN_SHARE = 1.0, 0.25
+MISMATCH_KEY, MISMATCH_MAX, MISMATCH_RATIO, MISMATCH_RISE = "rollout/logprob_diff_mean", 0.5, 3.0, 0.05
 
 
 # --------------------------------------------------------------------------- findings
@@ -644,6 +648,31 @@ def _truncation(h: History):
         "from the SFT targets or the chat template); the reward is then given to unfinished text",
         "raise generation.max_new_tokens, make sure SFT completions end with the EOS token, or set "
         "missing_eos_penalty so unfinished responses score low",
+    )
+
+
+@_rule("engine_mismatch", "warning")
+def _engine_mismatch(h: History):
+    key = MISMATCH_KEY
+    if not h.has(key):
+        return None
+    steps, gap = h.tail(key, 10)
+    now, start = _median(gap[-3:]), _median(h.head(key, 3))
+    grew = h.has(key, 2 * MIN_POINTS) and now >= MISMATCH_RATIO * start and now > start + MISMATCH_RISE
+    if now <= MISMATCH_MAX and not grew:
+        return None
+    related = {"rollout/logprob_diff_max": h.tail("rollout/logprob_diff_max", 10)[1]}
+    symptom = (f"the sampling engine and the trainer disagree by {now:.3g} nats per sampled token "
+               f"(mean |log-prob difference|; {start:.3g} at the start)")
+    return _found(
+        "engine_mismatch", h, key, steps, gap, symptom,
+        "the engine no longer samples from the weights being trained: a weight sync that does not reach it "
+        "(stale or partly loaded weights, LoRA not merged), different sampling settings in the two (temperature, "
+        "top-p, top-k), or precision drift as the policy moves to tokens where bf16 rounding matters more; PPO's "
+        "ratio is then taken against a policy that did not draw the samples",
+        "check that the engine's greedy output equals the trainer's after a sync, sample PPO with temperature 1, "
+        "top_p 1, top_k 0, and set tis_cap (e.g. 2.0) to reweight tokens by min(pi_train / pi_engine, C)",
+        {k: v for k, v in related.items() if v},
     )
 
 
