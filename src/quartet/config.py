@@ -223,7 +223,8 @@ class LabelConfig:
     prompts: DataConfig = field(default_factory=DataConfig)
     """prompts to answer"""
     judge: str = "task:positive-review"
-    """reward function: `task:<name>` (its gold judge), `module:function`, or a reward-model dir"""
+    """reward function: `task:<name>` (its gold judge), `task:<name>/<judge>` (e.g. positive-review/on-task),
+    `judge:<name>`, `module:function`, a gate/sum/min of these (quartet.judges), or a reward-model dir"""
     num_samples: int = 4
     """K answers per prompt"""
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
@@ -377,7 +378,8 @@ class PPOConfig:
     reference: str | None = None
     """frozen Reference model; default: the starting policy (adapter-disabled when LoRA is on)"""
     reward: str = "task:positive-review"
-    """reward-model dir, `module:function` callable, or `task:<name>` gold judge"""
+    """reward-model dir, `module:function` callable, `task:<name>` gold judge, `task:<name>/<judge>`,
+    `judge:<name>`, or a gate/sum/min combination of judges (quartet.judges)"""
     gold: str | None = None
     """a second judge logged as objective/gold next to the proxy reward (e.g. the task's gold judge when a
     reward model is trained on it), so the doctor can catch over-optimisation; never optimised"""
