@@ -86,3 +86,19 @@ def _swap(new: Path, path: Path) -> None:
     os.replace(new, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, depth: int = 2) -> list[Path]:
+    """Delete the temporary siblings a killed writer left in `folder` (and its subfolders, `depth` deep):
+    `.name.XXXX.tmp` and `.name.old-PID`. Call it only while holding the folder's run lock."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        if entry.name.startswith(".") and (entry.name.endswith(".tmp") or ".old-" in entry.name):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
+        elif depth > 1 and entry.is_dir() and not entry.is_symlink():
+            removed += remove_stale_temporaries(entry, depth - 1)
+    return removed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 from typing import Protocol
 
 import torch
@@ -24,11 +25,12 @@ class GenerationEngine(Protocol):
 
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
-        greedy: bool = False,
+        greedy: bool = False, sample_offset: int = 0,
     ) -> Rollout:
         """Sample `num_samples` responses per left-padded prompt row; row i's samples are rows
-        i * num_samples ... (i + 1) * num_samples - 1 of the Rollout. `greedy`: the most likely
-        response instead (ReMax's baseline)."""
+        i * num_samples ... (i + 1) * num_samples - 1 of the Rollout. Output row j is drawn from its own
+        random stream, `sample_seed(seed, sample_offset + j)`, so a sample does not depend on which other
+        prompts share its batch or its process. `greedy`: the most likely response instead (ReMax's baseline)."""
 
 
 def merged_state_dict(actor: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -77,9 +79,25 @@ class HFEngine:
             pad_token_id=tokenizer.pad_token_id,
             use_cache=True,
         )
+        # sampling runs as argmax over (warped logits + Gumbel noise from each row's own generator), which draws
+        # exactly from softmax(logits / T) after top-k / top-p; `generate` then only takes the argmax
         self.greedy_config = copy.deepcopy(self.generation_config)
         self.greedy_config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         self.sync(actor)
+
+    def _sampler(self, seeds: list[int]) -> transformers.LogitsProcessorList:
+        from transformers.generation.logits_process import (
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
+
+        warpers = [TemperatureLogitsWarper(self.cfg.temperature)]
+        if self.cfg.top_k:
+            warpers.append(TopKLogitsWarper(self.cfg.top_k))
+        if self.cfg.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(self.cfg.top_p))
+        return transformers.LogitsProcessorList([*warpers, PerRowGumbel(seeds)])
 
     def sync(self, actor: torch.nn.Module) -> None:
         state = merged_state_dict(actor)
@@ -93,11 +111,10 @@ class HFEngine:
     @torch.no_grad()
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
-        greedy: bool = False,
+        greedy: bool = False, sample_offset: int = 0,
     ) -> Rollout:
-        config = self.greedy_config if greedy else self.generation_config
-        if seed is not None:
-            torch.manual_seed(seed)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
         chunks = []
         per_call = max(1, self.cfg.batch_size // num_samples)  # prompts per generate call
         for start in range(0, prompt_ids.shape[0], per_call):
@@ -107,8 +124,11 @@ class HFEngine:
             if num_samples > 1 and ids.shape[1] > 1:
                 cache = self._shared_prefill(ids, mask, num_samples)
             ids, mask = ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0)
+            first = sample_offset + start * num_samples
+            processors = None if greedy else self._sampler([sample_seed(seed, first + j) for j in range(ids.shape[0])])
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=config
+                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=self.greedy_config,
+                logits_processor=processors,
             )
             chunks.append(out[:, ids.shape[1] :])
         width = max(c.shape[1] for c in chunks)
@@ -140,6 +160,26 @@ class HFEngine:
         cache = out.past_key_values
         cache.batch_repeat_interleave(k)
         return cache
+
+
+def sample_seed(seed: int, index: int) -> int:
+    """The seed of sample `index` of a call seeded `seed`: a hash, so nearby pairs give unrelated streams."""
+    digest = hashlib.blake2b(f"quartet-sample/{seed}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+class PerRowGumbel:
+    """Logits processor adding Gumbel(0, 1) noise drawn from one generator per row: argmax(scores + G) is a
+    draw from softmax(scores) (the Gumbel-max trick), with each row's randomness its own."""
+
+    def __init__(self, seeds: list[int]):
+        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        V = scores.shape[-1]
+        u = torch.stack([torch.rand(V, generator=g, dtype=torch.float64) for g in self.generators])
+        gumbel = -torch.log(-torch.log(u.clamp(1e-300, 1.0 - 1e-16)))
+        return scores.double() + gumbel.to(scores.device)
 
 
 def _base_config(actor: torch.nn.Module):

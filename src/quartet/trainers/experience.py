@@ -6,6 +6,13 @@
     3. old log-probs (and values when there is a critic) from the policy, log-probs from the Reference.
 
 The G samples of a prompt are contiguous rows of the Rollout, as the group estimators expect.
+
+Under N processes each one samples, scores and forwards its own prompts (a group never leaves its
+process), then the experience is gathered: every process holds the whole batch (token ids and per-token
+floats, a few MB), in rank order, and everything computed from it (score normalisation, advantages,
+whitening, metrics, the doctor's decisions) is the same on every process and equal to what one process
+with the whole batch computes. Each sample is drawn from its own seed (seed, iteration, global index), so
+the batch does not depend on how it is split across processes.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quartet.algo.offpolicy import logprob_gap
 from quartet.data import left_pad, prompt_text
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import shape_scores
@@ -67,7 +75,9 @@ class ExperienceMaker:
         batch = self.batch_indices(iteration)
         prompt_ids, prompt_mask = left_pad([self.prompt_ids[i] for i in batch], tok.pad_token_id)
         self.engine.sync(self.accelerator.unwrap_model(model).actor)
-        ro = self.engine.generate(prompt_ids, prompt_mask, seed=step_seed(cfg.seed, iteration, 1), num_samples=G)
+        offset = self.accelerator.process_index * len(batch) * G  # this process's first global sample
+        ro = self.engine.generate(prompt_ids, prompt_mask, seed=step_seed(cfg.seed, iteration, 1), num_samples=G,
+                                  sample_offset=offset)
         ro.prompts = [self.prompts[i] for i in batch for _ in range(G)]
         greedy = self.engine.generate(prompt_ids, prompt_mask, greedy=True) if self.needs_greedy else None
         timing["timing/generate"] = time.perf_counter() - t
@@ -75,13 +85,10 @@ class ExperienceMaker:
         t = time.perf_counter()
         raw = self.roles.scorer(ro.prompts, ro.responses)
         gold = self.roles.gold(ro.prompts, ro.responses) if self.roles.gold is not None else None
-        shaping = {"missing_eos_penalty": cfg.missing_eos_penalty, "moments": self.moments, "clip": cfg.reward_clip}
-        ro.scores = shape_scores(raw, ro.eos, **shaping)
-        greedy_scores = None
+        greedy_raw = greedy_eos = None
         if greedy is not None:
-            prompts = [self.prompts[i] for i in batch]
-            greedy_raw = self.roles.scorer(prompts, greedy.responses)
-            greedy_scores = shape_scores(greedy_raw, greedy.eos, update=False, **shaping).repeat_interleave(G)
+            greedy_raw = self.roles.scorer([self.prompts[i] for i in batch], greedy.responses).repeat_interleave(G)
+            greedy_eos = greedy.eos.repeat_interleave(G)
         timing["timing/score"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -91,6 +98,16 @@ class ExperienceMaker:
         with self.roles.reference_model() as ref:
             ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature), ro)[0]
         timing["timing/reference"] = time.perf_counter() - t
+
+        if self.accelerator.num_processes > 1:
+            t = time.perf_counter()
+            ro, raw, gold, entropy, greedy_raw, greedy_eos = gather_experience(
+                self.accelerator, ro, tok.pad_token_id, raw, gold, entropy, greedy_raw, greedy_eos)
+            timing["timing/gather"] = time.perf_counter() - t
+        # scores -> what is optimised, over the whole batch: EOS penalty, running normalisation, clipping
+        shaping = {"missing_eos_penalty": cfg.missing_eos_penalty, "moments": self.moments, "clip": cfg.reward_clip}
+        ro.scores = shape_scores(raw, ro.eos, **shaping)
+        greedy_scores = None if greedy_raw is None else shape_scores(greedy_raw, greedy_eos, update=False, **shaping)
         return Experience(ro, raw, gold, entropy, greedy_scores, timing)
 
     def _chunked(self, forward, ro: Rollout) -> list[torch.Tensor | None]:
@@ -117,6 +134,28 @@ class ExperienceMaker:
         return out
 
 
+def gather_experience(accelerator, ro: Rollout, pad_id: int, *per_row):
+    """Every process's rows, in rank order, on every process: the Rollout (prompts left-padded and responses
+    right-padded to common widths) and each (B, ...) tensor in `per_row` (None stays None)."""
+    from accelerate.utils import gather_object
+
+    def cat(x, pad_first=False, value=0):
+        if x is None:
+            return None
+        x = accelerator.pad_across_processes(x.contiguous(), dim=1, pad_index=value, pad_first=pad_first) if x.dim() > 1 else x
+        return accelerator.gather(x.contiguous())
+
+    pad = pad_id
+    out = Rollout(
+        prompt_ids=cat(ro.prompt_ids, True, pad), prompt_mask=cat(ro.prompt_mask, True, 0),
+        response_ids=cat(ro.response_ids, False, pad), response_mask=cat(ro.response_mask),
+        eos=cat(ro.eos.long()).bool(), prompts=gather_object(list(ro.prompts)),
+        responses=gather_object(list(ro.responses)), old_logprobs=cat(ro.old_logprobs),
+        ref_logprobs=cat(ro.ref_logprobs), values=cat(ro.values), engine_logprobs=cat(ro.engine_logprobs),
+    )
+    return (out, *(cat(x) if x is None or x.dtype != torch.bool else cat(x.long()).bool() for x in per_row))
+
+
 def step_seed(seed: int, iteration: int, stream: int) -> int:
     """The seed of one random stream of one iteration (1 sampling, 2 minibatch order, 3 prompt order)."""
     return (seed * 1_000_003 + iteration * 7919 + stream * 104_729) % (2**31)
@@ -127,7 +166,11 @@ def rollout_stats(ro: Rollout) -> dict[str, float]:
 
     lengths = ro.lengths
     tokens = [ro.response_ids[i, : int(lengths[i])].tolist() for i in range(len(ro))]
+    gap = {}
+    if ro.engine_logprobs is not None and ro.old_logprobs is not None:  # the engine's own log-probs (vLLM)
+        gap = logprob_gap(ro.old_logprobs, ro.engine_logprobs, ro.response_mask)
     return {
+        **gap,
         "rollout/length_mean": lengths.mean().item(),
         "rollout/length_max": lengths.max().item(),
         "rollout/eos_rate": ro.eos.float().mean().item(),

@@ -12,8 +12,10 @@ One iteration (`PPOTrainer.step`) is the recipe:
     5. beta is updated by the KL controller; metrics are logged and the doctor reads them.
 
 Everything random in an iteration is seeded from (seed, iteration), so a resumed run repeats exactly
-what an uninterrupted one does. Statistics of the batch (whitening, KL control, metrics) are reduced
-over all processes of a multi-process launch.
+what an uninterrupted one does. Under N processes (accelerate launch) the experience is gathered onto
+every process (trainers/experience.py), so advantages, whitening, KL control, metrics and the doctor's
+decisions are those of the whole batch; each global minibatch is split evenly across the processes and
+DDP sums their gradients, weighted so that the update equals one process's on the whole minibatch.
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ from quartet.algo import (
     explained_variance,
     get_estimator,
     kl_estimate,
+    masked_mean,
+    masked_whiten,
     token_rewards,
+    truncated_importance_weights,
 )
-from quartet.atomic import atomic_write_text
+from quartet.atomic import atomic_write_text, remove_stale_temporaries
 from quartet.config import PPOConfig, load_config, save_config
 from quartet.errors import ConfigError, QuartetError
 from quartet.outputs import check_output_dir, run_lock, write_marker
@@ -85,6 +90,8 @@ class PPOTrainer:
         if self.main:
             check_output_dir(self.run_dir, "ppo", overwrite)
             self._lock.enter_context(run_lock(self.run_dir, "ppo.output_dir"))
+            for path in remove_stale_temporaries(self.run_dir):  # a killed run's half-written files
+                log.info("ppo: removed %s, left by a run that was killed while writing it", path)
         if ckpt.list_checkpoints(self.run_dir) and not resume:
             raise ConfigError(f"ppo.output_dir: {self.run_dir} already holds a PPO run; pass --resume to continue "
                               f"it or choose another output_dir")
@@ -151,22 +158,21 @@ class PPOTrainer:
             greedy_scores=exp.greedy_scores,
         )
         if cfg.whiten:
-            ro.advantages = self._whiten(ro.advantages, mask)
+            ro.advantages = masked_whiten(ro.advantages, mask) * mask
         t = time.perf_counter()
         update_stats = self._update(ro, iteration, beta)                         # 4. clipped updates
         self._check_weights(iteration)
         update_time = time.perf_counter() - t
 
         seq_kl = (kl_estimate(ro.old_logprobs, ro.ref_logprobs, "k1") * mask).sum(1)
-        n_seq = self._sum(torch.tensor(float(len(ro))))
-        self.kl_ctl.update((self._sum(seq_kl.sum()) / n_seq).item(), int(n_seq))  # 5. adaptive beta
+        self.kl_ctl.update(seq_kl.mean().item(), len(ro))                       # 5. adaptive beta
         metrics = {
-            "objective/score": self._mean(exp.raw_scores),
-            "objective/reward": self._mean((ro.rewards * mask).sum(1)),
-            "objective/non_score_reward": self._mean((-beta * ro.kl).sum(1)),
-            "objective/kl": self._mean(seq_kl),
+            "objective/score": exp.raw_scores.mean().item(),
+            "objective/reward": (ro.rewards * mask).sum(1).mean().item(),
+            "objective/non_score_reward": (-beta * ro.kl).sum(1).mean().item(),
+            "objective/kl": seq_kl.mean().item(),
             "objective/kl_coef": beta,
-            "policy/entropy": (self._sum((exp.entropy * mask).sum()) / self._sum(mask.sum())).item(),
+            "policy/entropy": masked_mean(exp.entropy, mask).item(),
             "policy/advantage_std": ro.advantages[mask.bool()].std().item() if mask.sum() > 1 else 0.0,
             **update_stats,
             **rollout_stats(ro),
@@ -176,7 +182,7 @@ class PPOTrainer:
             "timing/total": time.perf_counter() - t0,
         }
         if exp.gold is not None:
-            metrics["objective/gold"] = self._mean(exp.gold)
+            metrics["objective/gold"] = exp.gold.mean().item()
         if ro.values is not None:
             metrics["value/explained_variance"] = explained_variance(ro.values, ro.returns, mask).item()
         from quartet.monitor.metrics import peak_rss_mb
@@ -191,8 +197,13 @@ class PPOTrainer:
         agg, norm = cfg.loss_aggregation, cfg.generation.max_new_tokens
         with self.accelerator.autocast():
             logprobs, entropy, values = self.model(mb, with_entropy_grad=cfg.entropy_coef > 0)
-        loss, stats = clipped_policy_loss(logprobs, mb.old_logprobs, mb.advantages, mask, cfg.clip, agg,
+        advantages, tis_stats = mb.advantages, {}
+        if cfg.tis_cap is not None and mb.engine_logprobs is not None:  # TIS, see algo/offpolicy.py
+            weights, tis_stats = truncated_importance_weights(mb.old_logprobs, mb.engine_logprobs, mask, cfg.tis_cap)
+            advantages = advantages * weights
+        loss, stats = clipped_policy_loss(logprobs, mb.old_logprobs, advantages, mask, cfg.clip, agg,
                                           ratio_level=cfg.ratio_level, norm_len=norm)
+        stats.update(tis_stats)
         stats["policy/loss"] = loss.detach()
         if values is not None:
             vf_loss, vstats = clipped_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip, agg, norm)
@@ -207,33 +218,43 @@ class PPOTrainer:
         return loss, stats
 
     def _update(self, ro: Rollout, iteration: int, beta: float) -> dict[str, float]:
-        """`ppo_epochs` x shuffled minibatches x micro-batches; micro-batch gradients are weighted so that
-        their sum is the whole minibatch's gradient, and only the last one of a minibatch is all-reduced."""
-        cfg = self.cfg
+        """`ppo_epochs` x shuffled global minibatches x micro-batches.
+
+        A global minibatch is `minibatch_size` rows per process; this process trains on its slice. Each
+        micro-batch loss is weighted by its share of the global minibatch (tokens for token-mean, rows
+        otherwise) times the process count, so that DDP's average of the processes' gradients is the
+        gradient of the whole minibatch's loss; only the last micro-batch of a minibatch all-reduces.
+        """
+        cfg, world, rank = self.cfg, self.accelerator.num_processes, self.accelerator.process_index
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, iteration, 2))
-        sums: dict[str, float] = {}
-        skipped = 0
-        minibatches = [order[i : i + cfg.minibatch_size]
+        size = cfg.minibatch_size * world
+        minibatches = [order[i : i + size]
                        for order in (torch.randperm(len(ro), generator=gen).tolist() for _ in range(cfg.ppo_epochs))
-                       for i in range(0, len(ro), cfg.minibatch_size)]
+                       for i in range(0, len(ro), size)]
+        names, sums = None, None
+        grad_norm, skipped = 0.0, 0
         self.model.train()
-        for mb_idx in minibatches:
-            micro = [mb_idx[i : i + cfg.micro_batch_size] for i in range(0, len(mb_idx), cfg.micro_batch_size)]
-            mb_tokens = ro.response_mask[mb_idx].sum()
+        for global_mb in minibatches:
+            mine = global_mb[rank * cfg.minibatch_size : (rank + 1) * cfg.minibatch_size]
+            micro = [mine[i : i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
+            total = ro.response_mask[global_mb].sum() if cfg.loss_aggregation == "token-mean" else len(global_mb)
             for k, idx in enumerate(micro):
                 mb = ro.select(idx)
-                share = mb.response_mask.sum() / mb_tokens if cfg.loss_aggregation == "token-mean" else len(idx) / len(mb_idx)
+                share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
                 loss, stats = self._loss(mb, beta)
-                sync = k == len(micro) - 1
-                with contextlib.nullcontext() if sync else self.accelerator.no_sync(self.model):
-                    self.accelerator.backward(loss * share)
-                for key, value in stats.items():
-                    sums[key] = sums.get(key, 0.0) + float(value) * float(share)
-            grad_norm, stepped = self._clip_and_step()
-            sums["optim/grad_norm"] = sums.get("optim/grad_norm", 0.0) + grad_norm
+                with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
+                    self.accelerator.backward(loss * share * world)
+                names = names or sorted(stats)
+                values = torch.stack([torch.as_tensor(stats[n], dtype=torch.float64) for n in names]) * float(share)
+                sums = values if sums is None else sums + values
+            norm, stepped = self._clip_and_step()
+            grad_norm += norm
             skipped += not stepped
         self.model.eval()
-        return {**{k: v / len(minibatches) for k, v in sums.items()}, "optim/skipped_steps": skipped}
+        if world > 1:  # each process saw its own rows: the minibatch statistics are sums over all of them
+            sums = self.accelerator.reduce(sums, "sum")
+        stats = {n: float(v) / len(minibatches) for n, v in zip(names, sums)}
+        return {**stats, "optim/grad_norm": grad_norm / len(minibatches), "optim/skipped_steps": skipped}
 
     def _clip_and_step(self) -> tuple[float, bool]:
         """Clip, then step unless the gradient is not finite (that minibatch is skipped and counted)."""
@@ -256,22 +277,6 @@ class PPOTrainer:
                 f"ppo: iteration {iteration} made weight {bad} non-finite (check optim.lr and the rewards); "
                 f"nothing from this iteration was saved, the newest checkpoint is the one to resume from"
             )
-
-    # ------------------------------------------------------------------ global statistics
-    def _sum(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over all processes (identity in a single process)."""
-        x = x.detach().double()
-        return self.accelerator.reduce(x, "sum") if self.accelerator.num_processes > 1 else x
-
-    def _mean(self, per_sequence: torch.Tensor) -> float:
-        return (self._sum(per_sequence.sum()) / self._sum(torch.tensor(float(per_sequence.numel())))).item()
-
-    def _whiten(self, x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-        """(x - mean) / std over the real tokens of every process's batch (unbiased variance); 0 on padding."""
-        n, s1, s2 = (self._sum(t) for t in (mask.sum(), (x * mask).sum(), (x.square() * mask).sum()))
-        mean = s1 / n
-        var = (s2 - n * mean.square()) / (n - 1).clamp(min=1)
-        return ((x - mean.to(x.dtype)) * torch.rsqrt(var.to(x.dtype) + eps)) * mask
 
     # ------------------------------------------------------------------ the run
     def train(self) -> PPOResult:
