@@ -66,6 +66,13 @@ def test_eval_samples_in_the_page(tmp_path):
     assert samples.index("film 11<") < samples.index("film 4<") and "film 3<" not in samples
 
 
+def test_checkpoint_dirs_are_named_by_their_stage():
+    data = {"checkpoints": {"runs/demo/sft/model": {}, "runs/demo/ppo/model": {}}, "baseline": "runs/demo/sft/model",
+            "samples": [{"prompt": "p", "runs/demo/sft/model": "a", "runs/demo/ppo/model": "b"}]}
+    assert "<th>sft <small>(baseline)</small></th><th>ppo</th>" in report._eval_samples_html(data)
+    assert report._short_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
+
+
 def test_eval_samples_without_a_judge_keep_prompt_order():
     data = {"checkpoints": {"a": {}, "b": {}}, "baseline": "a",
             "samples": [{"prompt": f"p{i}", "a": f"a{i}", "b": f"b{i}"} for i in range(3)]}

@@ -372,6 +372,12 @@ def _scores_line(scores: dict[str, float]) -> str:
     return f"<br><small>{' &middot; '.join(shown)}</small>" if shown else ""
 
 
+def _short_name(name: str) -> str:
+    """A checkpoint as a person names it: `runs/demo/ppo/model` -> `ppo`; other names unchanged."""
+    parts = str(name).rstrip("/").split("/")
+    return parts[-2] if len(parts) >= 2 and parts[-1] == "model" and parts[-2] else str(name)
+
+
 def _change_cell(delta: float | None) -> str:
     if delta is None:
         return "<td class=num>-</td>"
@@ -403,7 +409,7 @@ def _eval_samples_html(data: dict) -> str:
             f"<tr><td>{E(_prompt_text(r.get('prompt', '')))}</td><td>{E(text)}{_scores_line(sc)}</td></tr>"
             for r in rows[:MAX_SAMPLES] for text, sc in [_response_and_scores(r, baseline)]
         )
-        return f'<table class="samples"><tr><th>prompt</th><th>{E(baseline)}</th></tr>{body}</table>'
+        return f'<table class="samples"><tr><th>prompt</th><th>{E(_short_name(baseline))}</th></tr>{body}</table>'
     blocks = []
     for other in others:
         pairs = []
@@ -416,7 +422,8 @@ def _eval_samples_html(data: dict) -> str:
         pairs.sort(key=lambda p: (p[0] is None, p[0] if p[0] is not None else 0.0))  # worst change first
         shown = pairs[:MAX_SAMPLES]
         order = f"largest drop in {E(judge)} first" if judge else "in prompt order"
-        head = (f"<tr><th>prompt</th><th>{E(baseline)} <small>(baseline)</small></th><th>{E(other)}</th>"
+        head = (f"<tr><th>prompt</th><th>{E(_short_name(baseline))} <small>(baseline)</small></th>"
+                f"<th>{E(_short_name(other))}</th>"
                 f"<th>change{' in ' + E(judge) if judge else ''}</th></tr>")
         body = "".join(
             f"<tr><td>{E(_prompt_text(r.get('prompt', '')))}</td><td>{E(bt)}{_scores_line(bs)}</td>"
