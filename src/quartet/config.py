@@ -383,6 +383,9 @@ class PPOConfig:
     gold: str | None = None
     """a second judge logged as objective/gold next to the proxy reward (e.g. the task's gold judge when a
     reward model is trained on it), so the doctor can catch over-optimisation; never optimised"""
+    monitor_judges: dict = field(default_factory=dict)
+    """more judges logged every iteration as rollout/<name>, never optimised, e.g.
+    {relevance: task:positive-review/relevance} (the on-task signal the off_task_drift rule reads)"""
     advantage: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"] = "gae"
     """credit assignment (quartet.algo.ESTIMATORS): gae = critic + GAE per token (PPO); grpo / dr_grpo / rloo =
     group baselines over `samples_per_prompt` samples; reinforce_pp(_baseline) = whitened returns-to-go;
@@ -441,6 +444,9 @@ class PPOConfig:
     """policy ratio per token (PPO), or GSPO's length-normalised sequence ratio"""
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """how per-token losses are averaged (seq-mean-token-sum-norm: Dr.GRPO's constant max_new_tokens normaliser)"""
+    tis_cap: float | None = None
+    """truncated importance sampling: weight each token's policy loss by min(pi_train / pi_engine, tis_cap), e.g.
+    2.0 (TRL's and veRL's TIS); needs an engine that returns its own log-probs (generation.engine: vllm)"""
     reward_norm: bool = False
     """normalise scores by running mean/std"""
     reward_clip: float | None = None
@@ -511,12 +517,24 @@ class PPOConfig:
         from quartet.monitor.doctor import check_rule_names  # lazy: config stays importable on its own
 
         check_rule_names(self.stop_on, f"{where}.stop_on")
+        for name, spec in self.monitor_judges.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ConfigError(f"{where}.monitor_judges: name {name!r} must be an identifier (it becomes rollout/<name>)")
+            if not isinstance(spec, str) or not spec:
+                raise ConfigError(f"{where}.monitor_judges.{name}: must be a judge spec string, got {spec!r}")
         if self.missing_eos_penalty is not None:
             _non_negative(self.missing_eos_penalty, f"{where}.missing_eos_penalty")
         if self.reward_clip is not None:
             _positive(self.reward_clip, f"{where}.reward_clip")
         if self.critic_lr is not None:
             _positive(self.critic_lr, f"{where}.critic_lr")
+        if self.tis_cap is not None:
+            _positive(self.tis_cap, f"{where}.tis_cap")
+            if self.generation.engine == "hf":
+                raise ConfigError(
+                    f"{where}.tis_cap: the hf engine returns no log-probs of its own to correct against; "
+                    f"use generation.engine: vllm or remove tis_cap"
+                )
 
     @property
     def grad_accum(self) -> int:

@@ -36,7 +36,7 @@ from quartet.config import (
 from quartet.errors import ConfigError, QuartetError
 from quartet.monitor.report import write_report
 from quartet.monitor.tracking import PipelineTracking
-from quartet.tasks import list_tasks
+from quartet.tasks import get_task, list_tasks
 
 
 @dataclass
@@ -132,6 +132,8 @@ def wire(cfg: PipelineConfig, explicit: dict) -> PipelineConfig:
         cfg.ppo.reward = str(out / "rm" / "model") if "rm" in cfg.stages else f"task:{task}"
     if unset("ppo", "gold") and cfg.ppo.reward != f"task:{task}":
         cfg.ppo.gold = f"task:{task}"
+    if unset("ppo", "monitor_judges") and task in list_tasks() and "relevance" in get_task(task).judges:
+        cfg.ppo.monitor_judges = {"relevance": f"task:{task}/relevance"}  # the on-task signal, logged every iteration
     if unset("ppo", "prompts", "path"):
         cfg.ppo.prompts.path = f"task:{task}/train"
     if unset("ppo", "output_dir"):

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from quartet.config import PPOConfig, from_dict
 from quartet.trainers.ppo import PPOTrainer
 
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
 
 
-@pytest.mark.skip(reason="needs the trainer hook, see issue 15")
 def test_off_task_reward_is_flagged_and_stop_on_ends_the_run(tmp_path):
     """tiny-target pays for 'a' and digits, which never occur in its prompts; its relevance judge is the share
     of response characters taken from the prompt. As the score rises, relevance must fall, and the doctor

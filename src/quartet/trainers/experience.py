@@ -36,6 +36,7 @@ class Experience:
     entropy: torch.Tensor  # (B, R) actor entropy at sampling time (0 on padding)
     greedy_scores: torch.Tensor | None  # (B,) shaped score of the greedy response to each row's prompt (ReMax)
     timing: dict[str, float]
+    monitors: dict[str, torch.Tensor]  # name -> (B,) scores of the monitor judges (logged only)
 
     def sample_records(self, iteration: int) -> list[dict]:
         """One samples.jsonl record per response."""
@@ -47,6 +48,8 @@ class Experience:
                    "eos": bool(ro.eos[i])}
             if self.gold is not None:
                 rec["gold"] = round(float(self.gold[i]), 5)
+            for name, values in self.monitors.items():
+                rec[name] = round(float(values[i]), 5)
             out.append(rec)
         return out
 
@@ -85,6 +88,8 @@ class ExperienceMaker:
         t = time.perf_counter()
         raw = self.roles.scorer(ro.prompts, ro.responses)
         gold = self.roles.gold(ro.prompts, ro.responses) if self.roles.gold is not None else None
+        names = sorted(self.roles.monitors)
+        monitors = [self.roles.monitors[n](ro.prompts, ro.responses) for n in names]
         greedy_raw = greedy_eos = None
         if greedy is not None:
             greedy_raw = self.roles.scorer([self.prompts[i] for i in batch], greedy.responses).repeat_interleave(G)
@@ -101,14 +106,14 @@ class ExperienceMaker:
 
         if self.accelerator.num_processes > 1:
             t = time.perf_counter()
-            ro, raw, gold, entropy, greedy_raw, greedy_eos = gather_experience(
-                self.accelerator, ro, tok.pad_token_id, raw, gold, entropy, greedy_raw, greedy_eos)
+            ro, raw, gold, entropy, greedy_raw, greedy_eos, *monitors = gather_experience(
+                self.accelerator, ro, tok.pad_token_id, raw, gold, entropy, greedy_raw, greedy_eos, *monitors)
             timing["timing/gather"] = time.perf_counter() - t
         # scores -> what is optimised, over the whole batch: EOS penalty, running normalisation, clipping
         shaping = {"missing_eos_penalty": cfg.missing_eos_penalty, "moments": self.moments, "clip": cfg.reward_clip}
         ro.scores = shape_scores(raw, ro.eos, **shaping)
         greedy_scores = None if greedy_raw is None else shape_scores(greedy_raw, greedy_eos, update=False, **shaping)
-        return Experience(ro, raw, gold, entropy, greedy_scores, timing)
+        return Experience(ro, raw, gold, entropy, greedy_scores, timing, dict(zip(names, monitors)))
 
     def _chunked(self, forward, ro: Rollout) -> list[torch.Tensor | None]:
         """Run `forward` over micro-batches under autocast; concatenated outputs, 0 on padding."""

@@ -69,7 +69,10 @@ def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum)
+    # without a GPU, say so: then a multi-process launch (torchrun, or `accelerate launch` with the
+    # configs/accelerate/ddp-cpu.yaml config) runs data-parallel over gloo instead of N separate runs
+    return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum,
+                       cpu=not torch.cuda.is_available())
 
 
 def generation_dtype(precision: str) -> torch.dtype:

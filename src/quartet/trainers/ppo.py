@@ -183,6 +183,8 @@ class PPOTrainer:
         }
         if exp.gold is not None:
             metrics["objective/gold"] = exp.gold.mean().item()
+        for name, values in exp.monitors.items():
+            metrics[f"rollout/{name}"] = values.mean().item()
         if ro.values is not None:
             metrics["value/explained_variance"] = explained_variance(ro.values, ro.returns, mask).item()
         from quartet.monitor.metrics import peak_rss_mb

@@ -65,6 +65,7 @@ class Roles:
     reference: nn.Module | None  # None: the adapter-disabled actor is the reference
     scorer: Scorer
     gold: Scorer | None
+    monitors: dict[str, Scorer]  # logged as rollout/<name>, never optimised
 
     @property
     def actor(self) -> nn.Module:
@@ -106,11 +107,17 @@ def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
         disable_dropout(reference)
     scorer = Scorer(cfg.reward)
     gold = Scorer(cfg.gold) if cfg.gold else None
+    monitors = {}
+    for name, spec in cfg.monitor_judges.items():
+        try:
+            monitors[name] = Scorer(spec)
+        except ConfigError as e:
+            raise ConfigError(f"ppo.monitor_judges.{name}: {e}") from None
     critic = None
     if needs_critic:
         critic = value_head_for(actor) if cfg.critic == "shared" else _build_critic(cfg, tok)
     policy = PolicyModel(actor, critic, cfg.critic == "shared", cfg.generation.temperature)
-    return Roles(policy, tok, reference, scorer, gold)
+    return Roles(policy, tok, reference, scorer, gold, monitors)
 
 
 def _build_critic(cfg: PPOConfig, actor_tok) -> nn.Module:

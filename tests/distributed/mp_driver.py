@@ -1,0 +1,54 @@
+"""Run one step of a stage on the tiny model and save what it computed, for the N-process equivalence tests.
+
+    accelerate launch --cpu --num_processes N tests/distributed/mp_driver.py STAGE OUT.pt [key=value ...]
+
+Sizes are given for the whole batch; each process takes its share (1 process x 16 = 2 processes x 8).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainers"))
+
+TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
+
+
+def ppo(out: Path, overrides: list[str]) -> None:
+
+    from quartet.config import PPOConfig, load_config
+    from quartet.trainers.ppo import PPOTrainer
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    args = [f"policy={TINY}", "reward=task:tiny-target", "prompts.path=task:tiny-target/train",
+            "prompts.max_prompt_tokens=32", f"output_dir={out.parent / 'run'}", "iterations=2",
+            f"rollout_batch_size={16 // world}", f"minibatch_size={8 // world}", f"micro_batch_size={4 // world}",
+            "ppo_epochs=2", "generation.max_new_tokens=8", "optim.lr=1e-2", "precision=fp32",
+            "critic=shared", "reward_norm=true", "adaptive_kl=true", *overrides]
+    cfg = load_config(PPOConfig, overrides=args)
+    trainer = PPOTrainer(cfg, progress=False)
+    seen = []
+    make = trainer.experience.make
+    trainer.experience.make = lambda model, it: seen.append(make(model, it)) or seen[-1]
+    metrics = [trainer.step(1), trainer.step(2)]
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    if trainer.accelerator.is_main_process:
+        torch.save({
+            "response_ids": [e.rollout.response_ids for e in seen],
+            "response_mask": [e.rollout.response_mask for e in seen],
+            "advantages": [e.rollout.advantages for e in seen],
+            "scores": [e.rollout.scores for e in seen],
+            "metrics": [{k: v for k, v in m.items() if not k.startswith(("timing/", "memory/"))} for m in metrics],
+            "weights": {n: p.detach().clone() for n, p in policy.named_parameters()},
+        }, out)
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    stage, out, *overrides = sys.argv[1:]
+    {"ppo": ppo}[stage](Path(out), overrides)
