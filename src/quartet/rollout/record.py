@@ -30,6 +30,7 @@ class Rollout:
     kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
+    engine_logprobs: torch.Tensor | None = None  # (B, R) the sampling engine's own log-prob of each token (vLLM), 0 on padding
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
