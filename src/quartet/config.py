@@ -117,7 +117,7 @@ class GenerationConfig:
     batch_size: int = 32
     """prompts per generate call"""
     engine: Literal["hf", "vllm"] = "hf"
-    """generation engine: HF generate with KV cache, or vLLM (GPU, optional extra)"""
+    """generation engine: HF generate with KV cache, or vLLM (optional extra: quartet[vllm] on GPU, `make vllm` on CPU)"""
 
     def validate(self, where: str) -> None:
         _positive(self.max_new_tokens, f"{where}.max_new_tokens")

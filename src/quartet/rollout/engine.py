@@ -199,6 +199,10 @@ def _no_init():
 
 
 def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype) -> GenerationEngine:
+    if gen_cfg.engine == "vllm":  # an optional extra, imported only when asked for
+        from quartet.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(actor, tokenizer, gen_cfg, dtype)
     if gen_cfg.engine != "hf":
         from quartet.errors import ConfigError
 

@@ -1,0 +1,182 @@
+"""The vLLM engine against the real vLLM: run inside .venv-vllm by test_vllm_engine.py (not collected by the main
+suite: the file name does not start with test_). One engine serves every test here, since starting one takes
+~30 s and the first call at each new batch shape another 10-30 s on CPU.
+
+The model is a tiny random Llama whose output layer is scaled up so that its next-token distributions are far
+from uniform (a uniform one would hide a sampler that ignores the logits). Its weights are rounded to bf16 first,
+so the trainer's fp32 forward and the bf16 engine see the same numbers.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+import torch
+
+from quartet.config import GenerationConfig, LoraConfig
+from quartet.models import apply_lora, load_causal_lm
+from quartet.rollout.engine import HFEngine
+from quartet.trainers.ppo_roles import actor_logprobs
+
+vllm_engine = pytest.importorskip("quartet.rollout.vllm_engine")
+
+TINY = "tiny:llama?hidden=128&layers=2&heads=2&vocab=300&seed=5"
+PROMPT = [40, 41, 42, 43, 44]
+N = 3000  # one-token samples per chi-square test
+REPORT = os.environ.get("QUARTET_VLLM_REPORT")  # numbers for the launching test to print
+
+
+def report(**numbers):
+    if REPORT:
+        with open(REPORT, "a") as f:
+            f.write(json.dumps(numbers) + "\n")
+
+
+def bf16_exact(model):
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10.0)  # logits spread over several nats
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model, tok = load_causal_lm(TINY)
+    model = bf16_exact(model)
+    cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0)
+    engine = vllm_engine.VLLMEngine(model, tok, cfg, dtype=torch.bfloat16)
+    return model, tok, cfg, engine
+
+
+def next_token_probs(model, prompt=PROMPT, temperature=1.0):
+    with torch.no_grad():
+        return (model(input_ids=torch.tensor([prompt])).logits[0, -1].double() / temperature).softmax(-1)
+
+
+def one_token_counts(engine, seed, prompt=PROMPT):
+    ids = torch.tensor([prompt])
+    engine.cfg.max_new_tokens = 1
+    ro = engine.generate(ids, torch.ones_like(ids), seed=seed, num_samples=N)
+    assert ro.response_ids.shape == (N, 1)
+    return torch.bincount(ro.response_ids[:, 0], minlength=300).double(), ro
+
+
+def chi_square_p(counts, probs):
+    """Pearson's chi-square goodness of fit, cells with expected count < 5 pooled into one; p-value."""
+    n = counts.sum()
+    expected = probs[: counts.numel()] * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum().reshape(1)])
+    exp = torch.cat([expected[big], expected[~big].sum().reshape(1)])
+    stat = ((obs - exp) ** 2 / exp.clamp(min=1e-12)).sum()
+    df = obs.numel() - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0), stat / 2)), int(big.sum())
+
+
+def test_one_token_samples_follow_the_trainers_softmax(setup):
+    model, tok, cfg, engine = setup
+    probs = next_token_probs(model)
+    assert probs.max() > 0.05 and (probs > 1e-3).sum() > 20  # peaked but many plausible tokens
+    counts, ro = one_token_counts(engine, seed=0)
+    p, cells = chi_square_p(counts, probs)
+    report(test="bandit", chi_square_p=p, cells=cells, samples=N, distinct=int((counts > 0).sum()))
+    assert p > 1e-3, f"vLLM's samples do not follow the softmax (p={p:.2g})"
+    # the test has the power to see a wrong sampler: temperature 0.8 or a top-50 cut fail it
+    assert chi_square_p(counts, next_token_probs(model, temperature=0.8))[0] < 1e-6
+    top50 = probs.clone()
+    top50[probs.argsort(descending=True)[50:]] = 0
+    assert chi_square_p(counts, top50 / top50.sum())[0] < 1e-6
+    # the engine's log-prob of each sampled token is the trainer's, up to bf16 arithmetic
+    lp = probs.log()[ro.response_ids[:, 0]].float()
+    assert (ro.engine_logprobs[:, 0] - lp).abs().max() < 0.05
+
+
+def test_samples_are_seeded_per_sample(setup):
+    model, tok, cfg, engine = setup
+    engine.cfg.max_new_tokens = 8
+    ids = torch.tensor([[0, 0, 40, 41, 42], [50, 51, 52, 53, 54]])  # left-padded with pad id 0
+    mask = (ids != 0).long()
+    a = engine.generate(ids, mask, seed=3, num_samples=3)
+    b = engine.generate(ids, mask, seed=3, num_samples=3)
+    c = engine.generate(ids, mask, seed=4, num_samples=3)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert not torch.equal(a.response_ids, c.response_ids)
+    # the second prompt alone, told its samples are global samples 3..5, draws the same responses
+    alone = engine.generate(ids[1:], mask[1:], seed=3, num_samples=3, sample_offset=3)
+    assert torch.equal(alone.response_ids, a.response_ids[3:, : alone.response_ids.shape[1]])
+    assert torch.equal(a.prompt_ids, ids.repeat_interleave(3, 0))
+
+
+def test_eos_ends_a_response_and_max_new_tokens_caps_it(setup):
+    model, tok, cfg, engine = setup
+    eos = tok.eos_token_id
+    big = copy.deepcopy(model)
+    with torch.no_grad():
+        big.lm_head.weight[eos] = big.lm_head.weight[eos] + 0.15 * big.model.norm.weight.sign()
+    engine.sync(big)
+    engine.cfg.max_new_tokens = 12
+    ids = torch.tensor([PROMPT] * 64)
+    ro = engine.generate(ids, torch.ones_like(ids), seed=0)
+    lengths = ro.response_mask.sum(1).long()
+    assert ro.response_ids.shape[1] <= 12 and lengths.max() <= 12
+    assert 0 < ro.eos.sum() < 64  # some end with EOS, some are cut
+    for row, n, ended in zip(ro.response_ids, lengths, ro.eos):
+        assert (row[: n - 1] != eos).all()  # no EOS before the last real token
+        assert (row[n - 1] == eos) == bool(ended)
+        assert (row[n:] == tok.pad_token_id).all()
+        if not ended:
+            assert n == 12
+    assert (ro.engine_logprobs[ro.response_mask == 0] == 0).all()
+    engine.sync(model)
+
+
+def test_sync_moves_the_sampled_distribution_lora_merged(setup):
+    model, tok, cfg, engine = setup
+    actor = apply_lora(copy.deepcopy(model), LoraConfig(enabled=True, r=4, alpha=8))
+    with torch.no_grad():
+        for name, p in actor.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    before = next_token_probs(model)
+    after = next_token_probs(actor)
+    assert 0.5 * (after - before).abs().sum() > 0.2  # the update changed the policy a lot
+    engine.sync(actor)
+    counts, _ = one_token_counts(engine, seed=1)
+    p_new, _ = chi_square_p(counts, after)
+    p_old, _ = chi_square_p(counts, before)
+    report(test="sync", chi_square_p_new=p_new, chi_square_p_old=p_old, sync_s=engine.last_sync_s,
+           total_variation=float(0.5 * (after - before).abs().sum()))
+    assert p_new > 1e-3, f"after sync the samples do not follow the new policy (p={p_new:.2g})"
+    assert p_old < 1e-6, "after sync the samples still follow the old policy"
+    engine.sync(model)  # and back: the old distribution again
+    counts, _ = one_token_counts(engine, seed=2)
+    assert chi_square_p(counts, before)[0] > 1e-3
+
+
+def test_engine_logprobs_and_greedy_agree_with_hf(setup):
+    model, tok, cfg, engine = setup
+    engine.cfg.max_new_tokens = 16
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(4, 300, (n,), generator=g).tolist() for n in (3, 7, 5, 9)]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = (torch.arange(width) >= torch.tensor([width - len(r) for r in rows])[:, None]).long()
+    ro = engine.generate(ids, mask, seed=5, num_samples=4)
+    with torch.no_grad():
+        old, _, _ = actor_logprobs(model, ro, 1.0)
+    m = ro.response_mask
+    diff = ((old - ro.engine_logprobs).abs() * m)
+    mean_diff = float(diff.sum() / m.sum())
+    hf = HFEngine(model, tok, GenerationConfig(max_new_tokens=16, batch_size=16), dtype=torch.bfloat16)
+    g_hf = hf.generate(ids, mask, greedy=True)
+    g_vllm = engine.generate(ids, mask, greedy=True)
+    same = float((g_hf.response_ids == g_vllm.response_ids[:, : g_hf.response_ids.shape[1]]).float().mean()) \
+        if g_hf.response_ids.shape == g_vllm.response_ids.shape else 0.0
+    report(test="agreement", logprob_diff_mean=mean_diff, logprob_diff_max=float(diff.max()),
+           greedy_token_agreement=same, tokens=int(m.sum()))
+    assert mean_diff < 0.02 and diff.max() < 0.3
+    assert same >= 0.9
