@@ -16,9 +16,9 @@ import os
 import pytest
 import torch
 
-from quartet.config import GenerationConfig, LoraConfig
+from quartet.config import GenerationConfig, LoraConfig, PPOConfig, from_dict
 from quartet.models import apply_lora, load_causal_lm
-from quartet.rollout.engine import HFEngine
+from quartet.rollout.engine import HFEngine, make_engine
 from quartet.trainers.ppo_roles import actor_logprobs
 
 vllm_engine = pytest.importorskip("quartet.rollout.vllm_engine")
@@ -45,10 +45,12 @@ def bf16_exact(model):
 
 @pytest.fixture(scope="module")
 def setup():
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: plenty for these tiny requests
     model, tok = load_causal_lm(TINY)
     model = bf16_exact(model)
-    cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0)
-    engine = vllm_engine.VLLMEngine(model, tok, cfg, dtype=torch.bfloat16)
+    cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0, engine="vllm")
+    engine = make_engine(model, tok, cfg, torch.bfloat16)  # the registry path PPO, label and rm take
+    assert isinstance(engine, vllm_engine.VLLMEngine)
     return model, tok, cfg, engine
 
 
@@ -180,3 +182,49 @@ def test_engine_logprobs_and_greedy_agree_with_hf(setup):
            greedy_token_agreement=same, tokens=int(m.sum()))
     assert mean_diff < 0.02 and diff.max() < 0.3
     assert same >= 0.9
+
+
+def test_ppo_with_the_vllm_engine_logs_the_gap_and_corrects_it(setup, tmp_path, monkeypatch):
+    """PPO on tiny-target with generation.engine: vllm and tis_cap: the engine is synced before every rollout,
+    rollout/logprob_diff_* and the TIS weights are logged, and the actor trains. The trainer is handed the
+    suite's engine (same architecture; its weights are replaced by the actor's at the first sync), since a
+    second vLLM engine in one process would cost another start."""
+    import math
+
+    from quartet.trainers import ppo
+
+    model, tok, cfg, engine = setup
+    handed = []
+
+    def shared_engine(actor, tokenizer, gen_cfg, dtype):
+        assert gen_cfg.engine == "vllm"
+        engine.cfg = gen_cfg
+        handed.append(gen_cfg)
+        return engine
+
+    monkeypatch.setattr(ppo, "make_engine", shared_engine)
+    pcfg = from_dict(PPOConfig, {
+        "policy": TINY, "reward": "task:tiny-target",
+        "prompts": {"path": "task:tiny-target/train", "max_prompt_tokens": 32},
+        "output_dir": str(tmp_path / "ppo"), "iterations": 3, "rollout_batch_size": 16, "minibatch_size": 8,
+        "micro_batch_size": 8, "ppo_epochs": 2, "optim": {"lr": 1e-2}, "precision": "fp32", "critic": "shared",
+        "generation": {"max_new_tokens": 8, "batch_size": 16, "engine": "vllm"}, "tis_cap": 2.0,
+    })
+    trainer = ppo.PPOTrainer(pcfg, progress=False)
+    before = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters()}
+    result = trainer.train()
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    try:
+        assert handed and len(records) == 3
+        for r in records:
+            assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+            # the engine samples from the weights being trained: bf16-sized gaps, weights near 1
+            assert 0 < r["rollout/logprob_diff_mean"] < 0.05, r["rollout/logprob_diff_mean"]
+            assert r["rollout/logprob_diff_max"] < 1.0
+            assert 0.9 < r["policy/tis_weight"] < 1.1 and 0 <= r["policy/tis_capped"] < 0.01
+        report(test="ppo", logprob_diff_mean=[r["rollout/logprob_diff_mean"] for r in records],
+               tis_weight=[r["policy/tis_weight"] for r in records])
+        assert any(not torch.equal(before[n], p) for n, p in trainer.roles.actor.named_parameters())
+    finally:
+        engine.cfg = cfg
+        engine.sync(model)

@@ -30,7 +30,7 @@ import torch
 from quartet.rollout.engine import _base_config, merged_state_dict, sample_seed
 from quartet.rollout.record import Rollout, response_mask_from_ids
 
-KV_CACHE_GIB = "4"  # VLLM_CPU_KVCACHE_SPACE when unset: left alone vLLM reserves most free RAM beside the trainer
+KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE when unset: left alone vLLM reserves most free RAM beside the trainer
 
 
 class VLLMEngine:
