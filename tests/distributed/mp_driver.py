@@ -48,7 +48,60 @@ def ppo(out: Path, overrides: list[str]) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
+def _save_weights(out: Path, run: Path, stage: str, model_dir: Path) -> None:
+    """Main process: the saved model's tensors and the run's metrics lines."""
+    import json
+
+    from safetensors.torch import load_file
+
+    weights = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        weights.update(load_file(str(f)))
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    torch.save({"weights": weights, "metrics": [{k: v for k, v in r.items() if k.startswith(stage)} for r in lines],
+                "steps": [r["step"] for r in lines]}, out)
+
+
+def _rows(path: Path, rows: list[dict]) -> str:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def sft(out: Path, overrides: list[str]) -> None:
+    from quartet.config import SFTConfig, load_config
+    from quartet.trainers.sft import train_sft
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # completions of different lengths, so per-process token counts differ
+    data = _rows(out.parent / "sft.jsonl", [{"prompt": f"q{i}", "completion": "ab" * (1 + i % 5)} for i in range(32)])
+    cfg = load_config(SFTConfig, overrides=[
+        f"model={TINY}", f"data.path={data}", "data.chat_template=false", "eval_fraction=0",
+        f"output_dir={out.parent / 'run'}", "max_steps=2", f"batch_size={8 // world}", "grad_accum=2",
+        "optim.lr=1e-2", "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
+    result = train_sft(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _save_weights(out, result.run_dir, "sft/", result.model_dir)
+
+
+def rm(out: Path, overrides: list[str]) -> None:
+    from quartet.config import RewardConfig, load_config
+    from quartet.trainers.reward import train_reward
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    data = _rows(out.parent / "prefs.jsonl", [{"prompt": f"q{i}", "chosen": "yes " * (1 + i % 3), "rejected": "no"}
+                                              for i in range(32)])
+    cfg = load_config(RewardConfig, overrides=[
+        f"model={TINY}", f"data.path={data}", "data.chat_template=false", "eval_fraction=0",
+        f"output_dir={out.parent / 'run'}", "max_steps=2", f"batch_size={8 // world}", "grad_accum=2",
+        "optim.lr=1e-2", "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
+    result = train_reward(cfg)
+    if int(os.environ.get("RANK", "0")) == 0:
+        _save_weights(out, result.run_dir, "rm/", result.model_dir)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     stage, out, *overrides = sys.argv[1:]
-    {"ppo": ppo}[stage](Path(out), overrides)
+    {"ppo": ppo, "sft": sft, "rm": rm}[stage](Path(out), overrides)

@@ -119,7 +119,8 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
         rm = accelerator.unwrap_model(rm, keep_fp32_wrapper=False)
         mean, std, normalized_on = _normalization(cfg, rm, train_ex, norm_prompts, max_len)
         rm.set_normalization(mean, std)
-        save_reward_model(rm, run_dir / "model")
+        if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
+            save_reward_model(rm, run_dir / "model")
         result = RewardResult(Path(cfg.output_dir), Path(cfg.output_dir) / "model", total, train_loss,
                               first, final, mean, std, normalized_on, seconds)
         report = {"eval": asdict(final) if final else None, "bucket_edges": [str(e) for e in BUCKETS],
@@ -162,7 +163,11 @@ def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator
             continue
         step += 1
         if step % cfg.log_every == 0 or step == total:
-            train_loss, acc, margin = (statistics.fmean(col) for col in zip(*window))
+            # means over this window's micro-batches, then over processes (equal batch sizes: the global means)
+            local = torch.tensor([statistics.fmean(col) for col in zip(*window)], dtype=torch.float64)
+            if accelerator.num_processes > 1:
+                local = accelerator.reduce(local, "mean")
+            train_loss, acc, margin = local.tolist()
             window = []
             shown |= metrics.log(step, {
                 "rm/loss": train_loss,

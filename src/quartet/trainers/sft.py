@@ -9,6 +9,7 @@ the hardware has it. The saved `model/` is the policy's start and the Reference 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
     # 2. model, optimizer, loaders under accelerate (bf16 autocast, fp32 master weights)
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)
-    accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
+    accelerator = loop.make_accelerator(cfg.precision, grad_accum=1)  # accumulation is done by hand (_train)
     collate = _Collate(tok.pad_token_id)
     train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
     eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
@@ -82,7 +83,8 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
         finally:
             metrics.close()
         unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-        save_model(unwrapped, tok, run_dir / "model")
+        if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
+            save_model(unwrapped, tok, run_dir / "model")
         result = SFTResult(
             run_dir=Path(cfg.output_dir),
             model_dir=Path(cfg.output_dir) / "model",
@@ -128,23 +130,35 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
 
 
 def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total):
-    """The loop: micro-batches -> accumulate -> step; log every log_every, eval every eval_every."""
-    step, window, final, shown = 0, [], float("nan"), {}
+    """The loop: grad_accum micro-batches -> step; log every log_every, eval every eval_every.
+
+    The loss of a step is the mean over every completion token of its micro-batches on every process:
+    each micro-batch's token-mean is weighted by its share of those tokens (times the process count, as
+    DDP averages the processes' gradients), so N processes compute what one process with the whole batch
+    computes, however the tokens fall. Only the last micro-batch of a step all-reduces.
+    """
+    step, final, shown = 0, float("nan"), {}
+    window = torch.zeros(2, dtype=torch.float64)  # (loss x tokens, tokens) since the last log line
     train_loss = float("nan")
+    world = accelerator.num_processes
     bar = Progress(total, "sft", keys={"sft/loss": "loss", "sft/eval_loss": "eval_loss"}, every=cfg.log_every)
     model.train()
-    for batch in loop.forever(train_loader):
-        with accelerator.accumulate(model):
-            loss = model(**batch).loss  # mean over this micro-batch's completion tokens
-            accelerator.backward(loss)
-            grad_norm = loop.optimizer_step(accelerator, model, optimizer, scheduler, cfg.optim.max_grad_norm)
-        window.append(loss.item())
-        if not accelerator.sync_gradients:
-            continue
+    batches = loop.forever(train_loader)
+    while step < total:
+        group = [next(batches) for _ in range(cfg.grad_accum)]
+        counts = [(b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in group]
+        tokens = _reduce(accelerator, torch.stack(counts).sum().double())
+        for k, (batch, n) in enumerate(zip(group, counts)):
+            with contextlib.nullcontext() if k == len(group) - 1 else accelerator.no_sync(model):
+                loss = model(**batch).loss  # mean over this micro-batch's completion tokens
+                accelerator.backward(loss * (n / tokens.clamp(min=1)).to(loss.dtype) * world)
+            window += torch.stack([loss.detach().double() * n, n.double()])
+        grad_norm = loop.optimizer_step(accelerator, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         step += 1
         if step % cfg.log_every == 0 or step == total:
-            train_loss = sum(window) / len(window)
-            window = []
+            total_loss, total_tokens = _reduce(accelerator, window).tolist()
+            train_loss = total_loss / max(total_tokens, 1)
+            window = torch.zeros(2, dtype=torch.float64)
             shown |= metrics.log(step, {
                 "sft/loss": train_loss,
                 "optim/lr": scheduler.get_last_lr()[0],
@@ -156,12 +170,15 @@ def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelera
             shown |= metrics.log(step, {"sft/eval_loss": final, "sft/eval_ppl": _ppl(final)})
             model.train()
         bar.update(step, shown)
-        if step >= total:
-            break
     bar.close()
     if not math.isfinite(train_loss):
         raise DataError("SFT loss became non-finite; lower optim.lr or check the data")
     return train_loss, final
+
+
+def _reduce(accelerator, x: torch.Tensor) -> torch.Tensor:
+    """Sum over all processes (the identity in one process)."""
+    return accelerator.reduce(x, "sum") if accelerator.num_processes > 1 else x
 
 
 @torch.no_grad()
