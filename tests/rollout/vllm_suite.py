@@ -18,7 +18,7 @@ import torch
 
 from quartet.config import GenerationConfig, LoraConfig, PPOConfig, from_dict
 from quartet.models import apply_lora, load_causal_lm
-from quartet.rollout.engine import HFEngine, make_engine
+from quartet.rollout.engine import HFEngine, make_engine, merged_state_dict
 from quartet.trainers.ppo_roles import actor_logprobs
 
 vllm_engine = pytest.importorskip("quartet.rollout.vllm_engine")
@@ -138,16 +138,22 @@ def test_eos_ends_a_response_and_max_new_tokens_caps_it(setup):
 
 def test_sync_moves_the_sampled_distribution_lora_merged(setup):
     model, tok, cfg, engine = setup
+    torch.manual_seed(0)  # peft draws lora_A from the global generator
     actor = apply_lora(copy.deepcopy(model), LoraConfig(enabled=True, r=4, alpha=8))
     with torch.no_grad():
         for name, p in actor.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
-    before = next_token_probs(model)
-    after = next_token_probs(actor)
+    # a prompt of 300 tokens: vLLM's prefix cache (blocks of 128 here) keeps its keys and values between calls
+    prompt = torch.randint(4, 300, (300,), generator=torch.Generator().manual_seed(2)).tolist()
+    merged = copy.deepcopy(model)  # what the engine receives: the LoRA-merged weights rounded to bf16
+    merged.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in merged_state_dict(actor).items()})
+    before = next_token_probs(model, prompt)
+    after = next_token_probs(merged, prompt)
     assert 0.5 * (after - before).abs().sum() > 0.2  # the update changed the policy a lot
+    assert chi_square_p(one_token_counts(engine, seed=1, prompt=prompt)[0], before)[0] > 1e-3  # cached now
     engine.sync(actor)
-    counts, _ = one_token_counts(engine, seed=1)
+    counts, _ = one_token_counts(engine, seed=1, prompt=prompt)
     p_new, _ = chi_square_p(counts, after)
     p_old, _ = chi_square_p(counts, before)
     report(test="sync", chi_square_p_new=p_new, chi_square_p_old=p_old, sync_s=engine.last_sync_s,
@@ -155,7 +161,7 @@ def test_sync_moves_the_sampled_distribution_lora_merged(setup):
     assert p_new > 1e-3, f"after sync the samples do not follow the new policy (p={p_new:.2g})"
     assert p_old < 1e-6, "after sync the samples still follow the old policy"
     engine.sync(model)  # and back: the old distribution again
-    counts, _ = one_token_counts(engine, seed=2)
+    counts, _ = one_token_counts(engine, seed=2, prompt=prompt)
     assert chi_square_p(counts, before)[0] > 1e-3
 
 

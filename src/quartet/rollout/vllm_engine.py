@@ -38,6 +38,7 @@ class VLLMEngine:
 
     def __init__(self, actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype = torch.bfloat16,
                  max_model_len: int | None = None, **llm_kwargs):
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not vLLM's INFO lines at every rollout and sync
         try:
             import vllm
         except ImportError as e:
@@ -76,6 +77,10 @@ class VLLMEngine:
                 "generation_config": "vllm",  # the model folder's generation_config.json sets no defaults
                 "logprobs_mode": "processed_logprobs",  # log-probs of the distribution sampled from
                 "enforce_eager": not torch.cuda.is_available(),  # CUDA graphs on GPU; on CPU 130 s vs 40 s start
+                # a prompt prefilled in chunks makes vLLM rewind the request's seeded generator after each partial
+                # chunk, which CPU generators cannot do ("CPU Generator does not use offset"): prefill whole prompts
+                "enable_chunked_prefill": False,
+                "max_num_batched_tokens": max(max_model_len, 4096),
                 **llm_kwargs,
             }
             self.llm = vllm.LLM(model=folder, **kwargs)
@@ -96,6 +101,7 @@ class VLLMEngine:
 
     def sync(self, actor: torch.nn.Module) -> None:
         t = time.perf_counter()
+        _quiet_rotary_reload()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(actor)})
         self.llm.reset_prefix_cache()  # cached keys/values were computed with the old weights
         self.last_sync_s = time.perf_counter() - t
@@ -155,3 +161,17 @@ class VLLMEngine:
 def _sampled_logprob(step: dict, token: int) -> float:
     """vLLM's per-step {token id: Logprob}; with logprobs=0 it holds the sampled token."""
     return float(step[token].logprob)
+
+
+def _quiet_rotary_reload() -> None:
+    """Drop vLLM's per-sync warning that the rotary embedding "failed to load weights": it has none to load (its
+    cos/sin cache is computed and kept); any other layer that fails to reload is still reported."""
+    import logging
+
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(getattr(f, "quartet", False) for f in log.filters):
+        def keep(record):
+            return not record.getMessage().startswith("RotaryEmbedding: Failed to load weights")
+
+        keep.quartet = True
+        log.addFilter(keep)
