@@ -40,7 +40,10 @@ def run_stage(path: str | os.PathLike) -> str | None:
         except (OSError, ValueError, AttributeError):
             return None
         return stage if isinstance(stage, str) else None
-    # runs written before the marker existed: config.yaml + metrics.jsonl whose first record names the stage
+    # runs written before the marker existed: a pipeline's pipeline.yaml, or config.yaml + metrics.jsonl
+    # whose first record names the stage
+    if (path / "pipeline.yaml").is_file():
+        return "pipeline" if _is_pipeline_config(path / "pipeline.yaml") else None
     metrics = path / "metrics.jsonl"
     if not (path / "config.yaml").is_file() or not metrics.is_file():
         return None
@@ -50,6 +53,16 @@ def run_stage(path: str | os.PathLike) -> str | None:
     except (OSError, ValueError, AttributeError):
         return None
     return stage if isinstance(stage, str) else None
+
+
+def _is_pipeline_config(file: Path) -> bool:
+    import yaml
+
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and {"output_dir", "task", "stages"} <= set(data)
 
 
 def check_output_dir(path: str | os.PathLike, stage: str, overwrite: bool = False, key: str = "output_dir") -> Path:

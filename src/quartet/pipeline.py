@@ -36,6 +36,7 @@ from quartet.config import (
 from quartet.errors import ConfigError, QuartetError
 from quartet.monitor.report import write_report
 from quartet.monitor.tracking import PipelineTracking
+from quartet.outputs import check_output_dir, check_output_file, write_marker
 from quartet.tasks import get_task, list_tasks
 
 
@@ -178,7 +179,6 @@ def check_inputs(cfg: PipelineConfig) -> None:
     or file). What an earlier stage of this run writes is taken on trust. Errors name the config key."""
     from quartet.data.readers import check_data_path
     from quartet.models import resolve_model
-    from quartet.outputs import check_output_dir, check_output_file
     from quartet.rollout.scoring import check_reward_spec
 
     made: set[str] = set()  # outputs of the stages that run before the one being checked
@@ -238,8 +238,9 @@ def check_inputs(cfg: PipelineConfig) -> None:
 def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
     """Run the configured stages in order; returns {stage: seconds} (0.0 for reused stages)."""
     check_inputs(cfg)
-    out = Path(cfg.output_dir)
+    out = check_output_dir(cfg.output_dir, "pipeline")  # a user's folder is never written into
     out.mkdir(parents=True, exist_ok=True)
+    write_marker(out, "pipeline")
     save_config(cfg, out / "pipeline.yaml")
     times: dict[str, float] = {}
     with PipelineTracking(cfg.tracking, out, params=cfg) as tracking:

@@ -300,3 +300,17 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_metrics(t
     assert sorted(b) == list(range(1, 7))
     assert a == b
     assert not list(out.rglob("*.tmp"))
+
+
+def test_a_pipeline_never_writes_into_a_users_folder(tmp_path):
+    from quartet.pipeline import load_pipeline, run_pipeline
+
+    (tmp_path / "pipeline.yaml").write_text("a user's own file\n")
+    (tmp_path / "notes.txt").write_text("mine")
+    cfg_file = tmp_path / "p.yaml"
+    cfg_file.write_text(f"output_dir: {tmp_path / 'runs'}\ntask: tiny-target\nstages: [ppo]\n")
+    cfg = load_pipeline(str(cfg_file), [f"output_dir={tmp_path}"])
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError, match="pipeline.output_dir: .* already holds files that are not a Quartet run"):
+        run_pipeline(cfg)
+    assert snapshot(tmp_path) == before
