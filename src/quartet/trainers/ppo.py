@@ -78,15 +78,23 @@ class PPOTrainer:
     """`PPOTrainer(cfg).train()`; `step(iteration)` runs one iteration and returns its metrics."""
 
     def __init__(self, cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False):
-        from quartet.data import encode_prompts, load_prompts
-        from quartet.monitor.doctor import LiveDoctor
-
         cfg.validate()
         self.cfg, self.progress, self.start_iteration = cfg, progress, 0
         self.run_dir = Path(cfg.output_dir)
         self.accelerator = loop.make_accelerator(cfg.precision, grad_accum=1)  # accumulation is done by hand
         self.main = self.accelerator.is_main_process
         self._lock = contextlib.ExitStack()
+        try:
+            self._setup(resume, overwrite)
+        except BaseException:  # a run that cannot start leaves no lock behind
+            self._lock.close()
+            raise
+
+    def _setup(self, resume: bool, overwrite: bool) -> None:
+        from quartet.data import encode_prompts, load_prompts
+        from quartet.monitor.doctor import LiveDoctor
+
+        cfg = self.cfg
         if self.main:
             check_output_dir(self.run_dir, "ppo", overwrite)
             self._lock.enter_context(run_lock(self.run_dir, "ppo.output_dir"))
@@ -360,8 +368,9 @@ class PPOTrainer:
     def _resume(self) -> None:
         from quartet.monitor.samples import truncate_after
 
-        self._check_resumed_config()
+        # the checkpoint first: an unreadable or pickled one is the thing to say, whatever the settings
         path, state = ckpt.load_latest(self.run_dir, {"policy": self.accelerator.unwrap_model(self.model)})
+        self._check_resumed_config()
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
