@@ -261,3 +261,17 @@ def test_count_parameters_counts_tied_weights_once():
     trainable = count_parameters(actor, trainable_only=True)
     assert 0 < trainable < count_parameters(actor)
     assert trainable == sum(p.numel() for n, p in actor.named_parameters() if "lora_" in n)
+
+
+def test_non_finite_weights_are_never_saved(tmp_path):
+    """Any model writer refuses NaN/inf weights with one line, and leaves no output."""
+    import torch
+
+    from quartet.errors import ModelError
+    from quartet.models import load_causal_lm, save_model
+
+    model, tok = load_causal_lm("tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1", torch.float32)
+    next(model.parameters()).data[0, 0] = float("nan")
+    with pytest.raises(ModelError, match="not saved, weight .* is not finite") as err:
+        save_model(model, tok, tmp_path / "model")
+    assert "\n" not in str(err.value) and not any(tmp_path.iterdir())

@@ -22,6 +22,7 @@ from quartet.models.loading import (
     _auto_tokenizer,
     _first_line,
     base_model_of,
+    check_finite_weights,
     disable_dropout,
     hidden_size,
     load_causal_lm,
@@ -97,6 +98,7 @@ def make_critic(init: str, dtype: torch.dtype = torch.float32, *, trust_remote_c
 def save_critic(critic: Critic, out_dir: str | os.PathLike) -> Path:
     """Atomic: the backbone as a plain AutoModel dir (LoRA merged), value_head.safetensors, tokenizer."""
     out_dir = Path(out_dir)
+    check_finite_weights(critic.state_dict().items(), str(out_dir))
     with atomic_dir(out_dir) as tmp:
         save_pretrained_clean(merged_copy(critic.backbone), tmp)
         save_file(
@@ -140,4 +142,5 @@ def save_value_head(head: ScalarHead, path: str | os.PathLike) -> Path:
 
     from quartet.atomic import atomic_write_bytes
 
+    check_finite_weights(head.state_dict().items(), str(path))
     return atomic_write_bytes(path, save({k: v.detach().contiguous() for k, v in head.state_dict().items()}))

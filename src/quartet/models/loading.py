@@ -444,6 +444,7 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike) -> Path:
     from quartet.models.lora import is_peft_model, merged_copy
 
     out_dir = Path(out_dir)
+    check_finite_weights(model.state_dict().items(), str(out_dir))
     with atomic_dir(out_dir) as tmp:
         plain = merged_copy(model) if is_peft_model(model) else model
         save_pretrained_clean(plain, tmp)
@@ -455,6 +456,14 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike) -> Path:
                 model.save_pretrained(tmp / "adapter", safe_serialization=True)
         tokenizer.save_pretrained(tmp)
     return out_dir
+
+
+def check_finite_weights(tensors, where: str) -> None:
+    """Refuse to write weights with a NaN or an infinity: a diverged model must never look like a result."""
+    for name, value in tensors:
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise ModelError(f"{where}: not saved, weight {name} is not finite (NaN or inf): training diverged; "
+                             f"lower the learning rate (a run's newest checkpoint is unaffected)")
 
 
 def save_pretrained_clean(model, out_dir: Path) -> None:

@@ -36,6 +36,7 @@ from quartet.models.loading import (
     _first_line,
     _package_dir,
     base_model_of,
+    check_finite_weights,
     context_length,
     disable_dropout,
     ensure_pad_token,
@@ -272,6 +273,7 @@ def init_score_head(model: nn.Module) -> None:
 def save_reward_model(rm: RewardModel, out_dir: str | os.PathLike) -> Path:
     """Atomic: safetensors sequence classifier (LoRA merged) + tokenizer + quartet_reward.json."""
     out_dir = Path(out_dir)
+    check_finite_weights(rm.model.state_dict().items(), str(out_dir))
     with atomic_dir(out_dir) as tmp:
         save_pretrained_clean(merged_copy(rm.model), tmp)
         rm.tokenizer.save_pretrained(tmp)
