@@ -88,12 +88,7 @@ def check_output_dir(path: str | os.PathLike, stage: str, overwrite: bool = Fals
             f"{where}: {path} already holds {what}; choose a new folder, or pass --overwrite to write the "
             f"{stage} run into it (only Quartet's own files are replaced)"
         )
-    parent = _existing_parent(path)
-    if not parent.is_dir():
-        raise ConfigError(f"{where}: {parent} is a file, so {path} cannot be created")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where}: cannot create {path}: {parent} is not writable")
-    return path
+    return _creatable(path, where)
 
 
 def check_output_file(path: str | os.PathLike, owned: bool, where: str) -> Path:
@@ -103,19 +98,19 @@ def check_output_file(path: str | os.PathLike, owned: bool, where: str) -> Path:
         raise ConfigError(f"{where}: {path} is a folder; name a file")
     if path.exists() and not owned:
         raise ConfigError(f"{where}: {path} exists and was not written by Quartet; choose another path or pass --overwrite")
-    parent = _existing_parent(path)
-    if not parent.is_dir():
-        raise ConfigError(f"{where}: {parent} is a file, so {path} cannot be created")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{where}: cannot write {path}: {parent} is not writable")
-    return path
+    return _creatable(path, where)
 
 
-def _existing_parent(path: Path) -> Path:
+def _creatable(path: Path, where: str) -> Path:
+    """`path` itself, if its nearest existing ancestor is a folder this process may write into."""
     parent = path.absolute().parent
     while not parent.exists():
         parent = parent.parent
-    return parent
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: {parent} is a file, so {path} cannot be created")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}: cannot create {path}: {parent} is not writable")
+    return path
 
 
 @contextlib.contextmanager

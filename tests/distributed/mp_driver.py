@@ -69,36 +69,31 @@ def _rows(path: Path, rows: list[dict]) -> str:
     return str(path)
 
 
-def sft(out: Path, overrides: list[str]) -> None:
-    from quartet.config import SFTConfig, load_config
+def _supervised(out: Path, overrides: list[str], stage: str, rows: list[dict]) -> None:
+    """Two optimizer steps of sft or rm on `rows`, 8 rows x 2 micro-batches per step in all."""
+    from quartet.config import RewardConfig, SFTConfig, load_config
+    from quartet.trainers.reward import train_reward
     from quartet.trainers.sft import train_sft
 
+    cls, train = {"sft": (SFTConfig, train_sft), "rm": (RewardConfig, train_reward)}[stage]
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    # completions of different lengths, so per-process token counts differ
-    data = _rows(out.parent / "sft.jsonl", [{"prompt": f"q{i}", "completion": "ab" * (1 + i % 5)} for i in range(32)])
-    cfg = load_config(SFTConfig, overrides=[
-        f"model={TINY}", f"data.path={data}", "data.chat_template=false", "eval_fraction=0",
-        f"output_dir={out.parent / 'run'}", "max_steps=2", f"batch_size={8 // world}", "grad_accum=2",
-        "optim.lr=1e-2", "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
-    result = train_sft(cfg)
+    cfg = load_config(cls, overrides=[
+        f"model={TINY}", f"data.path={_rows(out.parent / 'data.jsonl', rows)}", "data.chat_template=false",
+        "eval_fraction=0", f"output_dir={out.parent / 'run'}", "max_steps=2", f"batch_size={8 // world}",
+        "grad_accum=2", "optim.lr=1e-2", "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
+    result = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
-        _save_weights(out, result.run_dir, "sft/", result.model_dir)
+        _save_weights(out, result.run_dir, f"{stage}/", result.model_dir)
+
+
+def sft(out: Path, overrides: list[str]) -> None:
+    # completions of different lengths, so per-process token counts differ
+    _supervised(out, overrides, "sft", [{"prompt": f"q{i}", "completion": "ab" * (1 + i % 5)} for i in range(32)])
 
 
 def rm(out: Path, overrides: list[str]) -> None:
-    from quartet.config import RewardConfig, load_config
-    from quartet.trainers.reward import train_reward
-
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    data = _rows(out.parent / "prefs.jsonl", [{"prompt": f"q{i}", "chosen": "yes " * (1 + i % 3), "rejected": "no"}
-                                              for i in range(32)])
-    cfg = load_config(RewardConfig, overrides=[
-        f"model={TINY}", f"data.path={data}", "data.chat_template=false", "eval_fraction=0",
-        f"output_dir={out.parent / 'run'}", "max_steps=2", f"batch_size={8 // world}", "grad_accum=2",
-        "optim.lr=1e-2", "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
-    result = train_reward(cfg)
-    if int(os.environ.get("RANK", "0")) == 0:
-        _save_weights(out, result.run_dir, "rm/", result.model_dir)
+    _supervised(out, overrides, "rm", [{"prompt": f"q{i}", "chosen": "yes " * (1 + i % 3), "rejected": "no"}
+                                       for i in range(32)])
 
 
 if __name__ == "__main__":
