@@ -564,6 +564,20 @@ class PPOConfig:
         return ESTIMATORS[self.advantage].whiten if self.whiten_advantages is None else self.whiten_advantages
 
 
+# `quartet grpo` and `quartet rloo`: the PPO trainer with the defaults of their papers (CPU-sized groups)
+PPO_PRESETS: dict[str, dict] = {
+    "ppo": {},
+    "grpo": {  # Shao et al. 2024: G samples, std-normalised group advantage, k3 KL as a loss term, beta 0.04
+        "advantage": "grpo", "samples_per_prompt": 4, "kl_in_reward": False, "kl_estimator": "k3",
+        "kl_coef": 0.04, "ppo_epochs": 1, "loss_aggregation": "seq-mean-token-mean", "output_dir": "runs/grpo",
+    },
+    "rloo": {  # Ahmadian et al. 2024: k = 4 samples, leave-one-out baseline, sequence KL in the reward
+        "advantage": "rloo", "samples_per_prompt": 4, "kl_in_reward": True, "kl_estimator": "k1",
+        "ppo_epochs": 1, "output_dir": "runs/rloo",
+    },
+}
+
+
 # --------------------------------------------------------------------------- validation helpers
 # Each helper first requires a finite real number (not a bool), so a config built in Python with a
 # wrong type or a NaN gets the same one-line error as one read from YAML.

@@ -221,6 +221,39 @@ def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None]) -> tu
     raise ConfigError(f"no readable checkpoint in {Path(run_dir) / 'checkpoints'}; the newest: {errors[0]}")
 
 
+# --------------------------------------------------------------------------- resuming with a config
+def check_resume_config(saved_file: Path, now: dict, may_change: tuple[str, ...], schedule_decays: bool,
+                        where: str) -> str:
+    """A resumed run continues the run it resumes: a setting that differs from `saved_file` is refused,
+    except those in `may_change` (how long to run, how often to save), and `iterations` only when the LR
+    schedule does not depend on it. Returns the allowed changes as one line ("" when none)."""
+    from quartet.config import read_yaml
+
+    if not Path(saved_file).is_file():
+        raise ConfigError(f"{saved_file}: missing, so this run's settings are unknown; it cannot be resumed")
+    saved, now = _flatten(read_yaml(saved_file)), _flatten(now)
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    refused = [k for k in changed if k not in may_change or (k == "iterations" and schedule_decays)]
+    if refused:
+        k = refused[0]
+        why = " (the LR schedule depends on it)" if k == "iterations" else ""
+        raise ConfigError(
+            f"{where}: {k} was {saved.get(k)!r} in {saved_file}, now {now.get(k)!r}{why}; a resumed run must keep "
+            f"its settings (only {', '.join(may_change)} may change): start a new output_dir"
+        )
+    return "; ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 # --------------------------------------------------------------------------- best iteration
 class BestTracker:
     """The trainable weights of the best iteration by `metric`, kept on disk (checkpoints/best-N/) rather

@@ -44,7 +44,8 @@ from quartet.algo import (
     truncated_importance_weights,
 )
 from quartet.atomic import atomic_write_text, remove_stale_temporaries
-from quartet.config import PPOConfig, load_config, save_config
+from quartet.config import PPO_PRESETS as PRESETS
+from quartet.config import PPOConfig, load_config, save_config, to_dict
 from quartet.errors import ConfigError, QuartetError
 from quartet.outputs import check_output_dir, run_lock, write_marker
 from quartet.rollout.engine import make_engine
@@ -370,7 +371,11 @@ class PPOTrainer:
 
         # the checkpoint first: an unreadable or pickled one is the thing to say, whatever the settings
         path, state = ckpt.load_latest(self.run_dir, {"policy": self.accelerator.unwrap_model(self.model)})
-        self._check_resumed_config()
+        changed = ckpt.check_resume_config(self.run_dir / "config.yaml", to_dict(self.cfg), RESUMABLE_CHANGES,
+                                           schedule_decays=self.cfg.optim.schedule != "constant", where="ppo --resume")
+        if changed and self.main:
+            log.info("ppo --resume: %s (recorded in config.yaml)", changed)
+            save_config(self.cfg, self.run_dir / "config.yaml")
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -385,40 +390,6 @@ class PPOTrainer:
             for name in ("metrics.jsonl", "samples.jsonl"):  # drop what was logged after the checkpoint
                 truncate_after(self.run_dir / name, "ppo", self.start_iteration)
         log.info("ppo: resumed from %s (iteration %d)", path, self.start_iteration)
-
-    def _check_resumed_config(self) -> None:
-        """A resumed run continues the run it resumes: changed settings are refused, except those that
-        only say how long to run and how often to save (recorded in config.yaml, said in one line)."""
-        from quartet.config import read_yaml, to_dict
-
-        saved_file = self.run_dir / "config.yaml"
-        if not saved_file.is_file():
-            raise ConfigError(f"{saved_file}: missing, so this run's settings are unknown; it cannot be resumed")
-        saved, now = _flatten(read_yaml(saved_file)), _flatten(to_dict(self.cfg))
-        changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-        refused = [k for k in changed if k not in RESUMABLE_CHANGES
-                   or (k == "iterations" and self.cfg.optim.schedule != "constant")]
-        if refused:
-            k = refused[0]
-            why = " (the LR schedule depends on it)" if k == "iterations" else ""
-            raise ConfigError(
-                f"ppo --resume: {k} was {saved.get(k)!r} in {saved_file}, now {now.get(k)!r}{why}; a resumed run "
-                f"must keep its settings (only {', '.join(RESUMABLE_CHANGES)} may change): start a new output_dir"
-            )
-        if changed and self.main:
-            log.info("ppo --resume: %s (recorded in config.yaml)",
-                     "; ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in changed))
-            save_config(self.cfg, saved_file)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def _summary(cfg: PPOConfig, result: PPOResult, best: ckpt.BestTracker) -> str:
@@ -449,17 +420,3 @@ def cli(args) -> int:
     cfg = load_config(PPOConfig, args.config, args.overrides, defaults=PRESETS.get(args.command))
     train_ppo(cfg, resume=getattr(args, "resume", False), overwrite=args.overwrite)
     return 0
-
-
-# `quartet grpo` and `quartet rloo`: the same trainer with the defaults of their papers (CPU-sized groups)
-PRESETS: dict[str, dict] = {
-    "ppo": {},
-    "grpo": {  # Shao et al. 2024: G samples, std-normalised group advantage, k3 KL as a loss term, beta 0.04
-        "advantage": "grpo", "samples_per_prompt": 4, "kl_in_reward": False, "kl_estimator": "k3",
-        "kl_coef": 0.04, "ppo_epochs": 1, "loss_aggregation": "seq-mean-token-mean", "output_dir": "runs/grpo",
-    },
-    "rloo": {  # Ahmadian et al. 2024: k = 4 samples, leave-one-out baseline, sequence KL in the reward
-        "advantage": "rloo", "samples_per_prompt": 4, "kl_in_reward": True, "kl_estimator": "k1",
-        "ppo_epochs": 1, "output_dir": "runs/rloo",
-    },
-}
