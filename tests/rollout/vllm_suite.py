@@ -49,7 +49,11 @@ def setup():
     model, tok = load_causal_lm(TINY)
     model = bf16_exact(model)
     cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0, engine="vllm")
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
     engine = make_engine(model, tok, cfg, torch.bfloat16)  # the registry path PPO, label and rm take
+    assert torch.equal(torch.rand(3), expected)  # starting vLLM left the trainer's random state alone
     assert isinstance(engine, vllm_engine.VLLMEngine)
     return model, tok, cfg, engine
 

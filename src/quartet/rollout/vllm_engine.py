@@ -20,6 +20,7 @@ sampled token (after temperature, top-k and top-p: the distribution it drew from
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import shutil
@@ -84,7 +85,8 @@ class VLLMEngine:
                 "max_num_batched_tokens": max(max_model_len, 4096),
                 **llm_kwargs,
             }
-            self.llm = vllm.LLM(model=folder, **kwargs)
+            with _keep_global_rng():
+                self.llm = vllm.LLM(model=folder, **kwargs)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -157,6 +159,23 @@ class VLLMEngine:
             responses=[r.strip() for r in responses],
             engine_logprobs=engine_logprobs * response_mask,
         )
+
+
+@contextlib.contextmanager
+def _keep_global_rng():
+    """vLLM in the trainer's process seeds Python's, NumPy's and torch's global generators with its own seed;
+    the trainer's random state is put back so that choosing the engine does not change it."""
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
 
 
 def _sampled_logprob(step: dict, token: int) -> float:
