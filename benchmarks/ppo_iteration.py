@@ -56,7 +56,7 @@ def run_one(args) -> dict:
     })
     trainer = PPOTrainer(cfg, progress=False)
     if not args.stop_at_eos:  # fixed-length rollouts: the comparison counts exactly batch x new_tokens tokens
-        trainer.engine.generation_config.eos_token_id = None
+        trainer.experience.engine.generation_config.eos_token_id = None
     times, gen_times, tokens = [], [], []
     for it in range(1, cfg.iterations + 1):
         t = time.perf_counter()

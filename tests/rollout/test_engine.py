@@ -61,3 +61,24 @@ def test_k_samples_share_one_prefill_and_match_repeated_prompts():
     assert shared.responses == repeated.responses
     # the K samples of a prompt differ (they are samples, not copies of one answer)
     assert len({tuple(r.tolist()) for r in shared.response_ids[:3]}) > 1
+
+
+def test_each_sample_has_its_own_random_stream():
+    """A sample depends on (seed, its global index) only: not on the prompts beside it, the batch split or the
+    generate-call size, so N processes with offsets sample what one process samples."""
+    from quartet.data import left_pad
+
+    model, tok = load_causal_lm(TINY)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=6, batch_size=8), dtype=torch.float32)
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14], [15], [16, 17], [18, 19, 20], [21], [22, 23]]
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    whole = engine.generate(ids, mask, seed=7, num_samples=2)
+    halves = []
+    for part, offset in ((prompts[:4], 0), (prompts[4:], 8)):
+        ids, mask = left_pad(part, tok.pad_token_id)
+        halves.append(engine.generate(ids, mask, seed=7, num_samples=2, sample_offset=offset).responses)
+    assert whole.responses == halves[0] + halves[1]
+    other = engine.generate(*left_pad(prompts, tok.pad_token_id), seed=8, num_samples=2)
+    assert other.responses != whole.responses
+    # the two samples of one prompt differ (their own streams), though they share the prompt's prefill
+    assert sum(whole.responses[2 * i] != whole.responses[2 * i + 1] for i in range(8)) >= 6

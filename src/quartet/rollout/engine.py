@@ -9,7 +9,6 @@ re-casting the fp32 master weights at every decoding step.
 from __future__ import annotations
 
 import contextlib
-import copy
 import hashlib
 from typing import Protocol
 
@@ -69,20 +68,16 @@ class HFEngine:
         with _no_init():
             self.model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         self.model.eval().requires_grad_(False)
+        # `generate` always takes the argmax: sampling is the argmax of (logits / T, cut by top-k / top-p, plus
+        # Gumbel noise from each row's own generator: `_sampler`), which draws exactly from that softmax; the
+        # temperature, top-k (0 = off) and top-p of gen_cfg are applied there, not by transformers' defaults
         self.generation_config = transformers.GenerationConfig(
-            do_sample=True,
-            temperature=gen_cfg.temperature,
-            top_p=gen_cfg.top_p,
-            top_k=gen_cfg.top_k,  # 0 disables it: None would fall back to transformers' default of 50
+            do_sample=False,
             max_new_tokens=gen_cfg.max_new_tokens,
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             use_cache=True,
         )
-        # sampling runs as argmax over (warped logits + Gumbel noise from each row's own generator), which draws
-        # exactly from softmax(logits / T) after top-k / top-p; `generate` then only takes the argmax
-        self.greedy_config = copy.deepcopy(self.generation_config)
-        self.greedy_config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         self.sync(actor)
 
     def _sampler(self, seeds: list[int]) -> transformers.LogitsProcessorList:
@@ -127,7 +122,7 @@ class HFEngine:
             first = sample_offset + start * num_samples
             processors = None if greedy else self._sampler([sample_seed(seed, first + j) for j in range(ids.shape[0])])
             out = self.model.generate(
-                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=self.greedy_config,
+                input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=self.generation_config,
                 logits_processor=processors,
             )
             chunks.append(out[:, ids.shape[1] :])
