@@ -66,9 +66,12 @@ def test_k1_kl_in_the_reward_reaches_the_regularised_optimum(tmp_path, advantage
 def test_k3_kl_in_the_loss_follows_the_reverse_kl(tmp_path):
     """The k3 estimate as a loss term, on tokens drawn from pi, has the gradient of KL(pi_ref || pi), not of
     KL(pi || pi_ref): sum_a (pi(a) - pi_ref(a)) grad log pi(a). Its fixed point maximises
-    F = E[r] - beta KL(pi_ref || pi), whose optimum pays for reward more than pi* does (measured: F within
-    10% of the gap to F*, and E[r] above pi*'s, 60 iterations)."""
-    trainer = PPOTrainer(bandit_cfg(tmp_path, "dr_grpo", kl_in_reward=False, kl_estimator="k3"), progress=False)
+    F = E[r] - beta KL(pi_ref || pi), whose optimum pays for reward more than pi* does. Measured with rloo
+    (an unbiased baseline): within 1.5% of the gap to F* after 150 iterations. (dr_grpo's baseline includes the
+    sample itself, which scales the policy gradient, but not this loss term, by (G - 1) / G: its fixed point is
+    F's at beta G / (G - 1), 8% short of F* here; with the KL in the reward both scale and nothing moves.)"""
+    trainer = PPOTrainer(bandit_cfg(tmp_path, "rloo", kl_in_reward=False, kl_estimator="k3", iterations=150),
+                         progress=False)
     trainer.train()
     logp, ref, r = _letter_table(trainer)
 
@@ -83,7 +86,7 @@ def test_k3_kl_in_the_loss_follows_the_reverse_kl(tmp_path):
         (-F(x)).backward()
         opt.step()
     f, f_star, f_ref = float(F(logp)), float(F(x.detach())), float(F(ref))
-    assert f >= f_star - 0.10 * abs(f_star - f_ref), (f, f_star, f_ref)
+    assert f >= f_star - 0.05 * abs(f_star - f_ref), (f, f_star, f_ref)
     # pi* ~ pi_ref exp(r / beta) holds E[r] = 0.453 here; the reverse-KL optimum more than 0.5
     pi_star = (ref + r / BETA).softmax(-1)
     assert float((logp.exp() * r).sum()) > float((pi_star * r).sum())
