@@ -17,6 +17,7 @@ the batch does not depend on how it is split across processes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,6 @@ class ExperienceMaker:
     @torch.no_grad()
     def make(self, model, iteration: int) -> Experience:
         """`model`: the prepared PolicyModel (its unwrapped actor is synced into the engine)."""
-        import time
-
         cfg, tok, G = self.cfg, self.roles.tokenizer, self.cfg.samples_per_prompt
         timing = {}
         t = time.perf_counter()
