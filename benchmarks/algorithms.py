@@ -34,7 +34,21 @@ OUT/<method>/ (metrics.jsonl, model/), OUT/eval/ (eval.json, samples.jsonl), OUT
 OUT/algorithms.md (the table), and prints the table. A method that fails is reported with its error in the
 table and the others go on.
 
-Measured: see the README section "Algorithms compared on CPU" (command, machine and table).
+Measured (2026-11-23, one seed, OMP_NUM_THREADS=1, 2-core AMD EPYC with AVX-512 BF16 shared with other jobs,
+load average 2.5-4.0; the first command above with --budget 240; the README section "Algorithms compared on
+CPU" says more):
+
+| method | iterations / steps | seconds | gold | gold gain vs SFT [95% CI] | KL to SFT | length | distinct-2 | relevance |
+|---|---|---|---|---|---|---|---|---|
+| SFT | - | - | 0.124 | - | 0.00 | 26.1 | 0.783 | 0.404 |
+| ppo | 5 iterations | 285 | 0.579 | +0.455 [+0.309, +0.609] | 3.96 | 30.9 | 0.696 | 0.396 |
+| grpo | 7 iterations | 255 | 0.562 | +0.438 [+0.289, +0.577] | 7.34 | 44.3 | 0.669 | 0.454 |
+| rloo | 9 iterations | 270 | 0.661 | +0.537 [+0.388, +0.688] | 16.05 | 45.7 | 0.654 | 0.461 |
+| reinforce_pp | 6 iterations | 269 | 0.854 | +0.729 [+0.594, +0.857] | 17.05 | 47.4 | 0.569 | 0.326 |
+| dpo | 11 steps | 153 | 0.289 | +0.165 [+0.004, +0.319] | 0.76 | 31.4 | 0.741 | 0.457 |
+
+DPO used 153 of its 240 s: the probe's 21.7 s/step (more load, first-step overhead) overestimated the run's
+14.0. The tiny setting takes about 25 s in all (OMP_NUM_THREADS=1; a smoke test, the tiny RM teaches nothing).
 """
 
 from __future__ import annotations
