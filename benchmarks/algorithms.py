@@ -109,10 +109,10 @@ def pipeline_config(args):
     overrides = [f"output_dir={args.base}", "stages=[sft,label,rm]"]
     if not args.tiny:
         return load_pipeline(str(args.config), overrides)
-    base = Path(args.base)
+    out = Path(args.out)  # not in --base: `quartet run` refuses a folder holding files it did not write
     tree = json.loads(json.dumps(TINY_PIPELINE))
-    tree["sft"]["data"] = {"path": str(tiny_sft_data(base / "tiny_sft.jsonl")), "chat_template": False}
-    path = base / "tiny_pipeline.yaml"
+    tree["sft"]["data"] = {"path": str(tiny_sft_data(out / "tiny_sft.jsonl")), "chat_template": False}
+    path = out / "tiny_pipeline.yaml"
     path.write_text(json.dumps(tree, indent=1))  # JSON is YAML
     return load_pipeline(str(path), overrides)
 
