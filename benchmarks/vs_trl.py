@@ -1,0 +1,463 @@
+"""Quartet's PPO against TRL 1.12's PPOTrainer on the identical workload, with per-phase floors.
+
+    python benchmarks/vs_trl.py --tiny                      # tiny:llama models both sides, seconds
+    OMP_NUM_THREADS=2 python benchmarks/vs_trl.py --threads 2 --sequential   # SmolLM2-135M-Instruct x4
+
+TRL 1.12.0 is the last TRL with PPO; it is installed into its own virtual environment (default
+.venv-trl, built on first use with the pinned torch from constraints.txt). Both sides get:
+the same policy dir (SmolLM2 dequantised once and saved with `quartet.models.save_model`), the same
+tokenized prompts (16 per iteration, encoded once by Quartet's prompt encoder and handed to TRL as
+`input_ids`), 32 new tokens with EOS ignored (every response is 32 tokens), temperature 1, 4 PPO
+epochs, one minibatch of 16 (one micro-batch), lr 3e-6, kl_coef 0.05, vf_coef 0.1, and four real
+models: policy, reference, a reward model and a value model, both made from the policy's backbone
+with the same seeded scalar head (the value model starts from the reward model on both sides).
+
+Sides: trl (all fp32: TRL's bf16 flag is a no-op for PPO on CPU); quartet separate critic, full
+fine-tune, fp32 and auto (bf16 autocast where the CPU has it); quartet's own recipe: shared value
+head + LoRA, auto. Each side runs in its own process, so peak RSS (getrusage) is that side's alone.
+By default the processes run in lockstep, one iteration each in turn (A B C D A B C D ...), so
+machine noise spreads over all sides; `--sequential` runs one side after the other instead (needed
+when all sides do not fit in memory at once: SmolLM2 x4 needs ~10 GB per side).
+
+Per side: one warm-up iteration, then the median of `--iterations` (3) of: s/iteration, rollout
+tokens/s (16 x 32 / generate seconds), and the phases generate / scoring forwards / update, each
+next to its floor on this CPU: FLOPs (2 per parameter per token forward, 6 forward + backward,
+4 for a frozen LoRA base) over the matmul rate measured here (fp32 or bf16 by the side's
+precision), and for decoding also the bandwidth floor (the weights read once per new token) over
+the measured memory bandwidth. Attention FLOPs are left out (T < 100 here: a few percent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TAG = "@@vs_trl "
+SMOLLM2 = "smollm2-135m-instruct"
+TINY = "tiny:llama?hidden=64&layers=2&heads=4"
+TRL_PINS = ["trl==1.12.0", "transformers==5.23.0", "tokenizers==0.23.3", "datasets==5.2.0",
+            "accelerate==1.15.0", "peft==0.21.2", "numpy==2.4.6", "safetensors", "psutil"]
+SIDES = {
+    "trl": {"label": "TRL 1.12: policy, reference, reward model, value model, all fp32"},
+    "q-separate-fp32": {"label": "Quartet, separate critic, full fine-tune, fp32",
+                        "critic": "separate", "lora": False, "precision": "fp32"},
+    "q-separate-auto": {"label": "Quartet, separate critic, full fine-tune, auto (bf16 autocast)",
+                        "critic": "separate", "lora": False, "precision": "auto"},
+    "q-shared-lora": {"label": "Quartet, shared value head + LoRA, auto",
+                      "critic": "shared", "lora": True, "precision": "auto"},
+}
+BATCH, NEW_TOKENS, EPOCHS, LR, MAX_PROMPT = 16, 32, 4, 3e-6, 64
+
+
+def emit(obj: dict) -> None:
+    print(TAG + json.dumps(obj), flush=True)
+
+
+def wait_go() -> None:
+    line = sys.stdin.readline()
+    if line.strip() != "go":
+        sys.exit(0)  # parent gone or told us to stop
+
+
+def rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# --------------------------------------------------------------------------- machine rates
+def machine_rates(threads: int) -> dict:
+    """Measured fp32 and bf16 matmul GFLOP/s and memory read bandwidth (GB/s) on this CPU."""
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        n, t = 0, time.perf_counter()
+        while time.perf_counter() - t < 1.0:
+            a @ b
+            n += 1
+        out[f"gflops_{name}"] = 2 * 1024**3 * n / (time.perf_counter() - t) / 1e9
+    x = torch.ones(64 * 2**20)  # 256 MB, far past the caches
+    for _ in range(2):
+        x.sum()
+    n, t = 0, time.perf_counter()
+    while time.perf_counter() - t < 1.0:
+        x.sum()
+        n += 1
+    out["gbps"] = x.numel() * 4 * n / (time.perf_counter() - t) / 1e9
+    return out
+
+
+# --------------------------------------------------------------------------- shared inputs
+def prepare(work: Path, model: str) -> dict:
+    """Policy dir, reward-model dir and prompts (text for Quartet, token ids for TRL), made once."""
+    import torch
+
+    from quartet.config import DataConfig
+    from quartet.data import encode_prompts, load_prompts
+    from quartet.models import load_causal_lm, load_reward_model, save_model, save_reward_model
+
+    meta_file = work / "inputs.json"
+    if meta_file.is_file():
+        return json.loads(meta_file.read_text())
+    policy_dir, reward_dir = work / "policy", work / "reward"
+    lm, tok = load_causal_lm(model)
+    save_model(lm, tok, policy_dir)
+    torch.manual_seed(44)  # the reward (and value) head
+    rm = load_reward_model(str(policy_dir))
+    save_reward_model(rm, reward_dir)
+    examples = load_prompts(DataConfig(path="task:positive-review/train", limit=BATCH))
+    prompts = [e.prompt for e in examples]
+    (work / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    enc = encode_prompts(tok, prompts, MAX_PROMPT, "left", True, where="prompts")
+    ids = [list(map(int, x)) for x in enc.input_ids]
+    if len(ids) != BATCH or any(tok.pad_token_id in x for x in ids):
+        raise SystemExit("error: prompts: need 16 prompts without the pad token (TRL masks every pad id)")
+    meta = {
+        "model": model, "policy": str(policy_dir), "reward": str(reward_dir),
+        "prompts": str(work / "prompts.jsonl"), "prompt_ids": ids, "pad": tok.pad_token_id,
+        "params_lm": sum(p.numel() for p in lm.parameters()),
+        "params_embedding": lm.get_input_embeddings().weight.numel(),
+    }
+    meta_file.write_text(json.dumps(meta))
+    return meta
+
+
+# --------------------------------------------------------------------------- Quartet side
+def run_quartet(args, meta: dict, spec: dict) -> None:
+    import torch
+
+    from quartet.config import PPOConfig, from_dict
+    from quartet.trainers.ppo import PPOTrainer
+
+    torch.set_num_threads(args.threads)
+    out = Path(tempfile.mkdtemp(prefix="vs-trl-q-", dir=args.work))
+    cfg = from_dict(PPOConfig, {
+        "policy": meta["policy"], "reward": meta["reward"],
+        "prompts": {"path": meta["prompts"], "max_prompt_tokens": MAX_PROMPT},
+        "output_dir": str(out / "ppo"), "iterations": args.iterations + 1,
+        "rollout_batch_size": BATCH, "minibatch_size": BATCH, "micro_batch_size": BATCH, "ppo_epochs": EPOCHS,
+        "generation": {"max_new_tokens": NEW_TOKENS, "batch_size": BATCH, "temperature": 1.0},
+        "critic": spec["critic"], "lora": {"enabled": spec["lora"]}, "precision": spec["precision"],
+        "optim": {"lr": LR, "adam_eps": 1e-5, "warmup_steps": 0}, "kl_coef": 0.05, "vf_coef": 0.1,
+    })
+    trainer = PPOTrainer(cfg, progress=False)
+    trainer.experience.engine.generation_config.eos_token_id = None  # every response is 32 tokens
+    emit({"ready": True, "precision": trainer.accelerator.mixed_precision or "no", "rss_mb": rss_mb()})
+    for it in range(1, cfg.iterations + 1):
+        wait_go()
+        t = time.perf_counter()
+        m = trainer.step(it)
+        total = time.perf_counter() - t
+        tokens = BATCH * NEW_TOKENS
+        scoring = m["timing/score"] + m["timing/forward"] + m["timing/reference"]
+        emit({"iteration": it, "total": total, "generate": m["timing/generate"], "scoring": scoring,
+              "score": m["timing/score"], "old_logprob_value": m["timing/forward"],
+              "reference": m["timing/reference"], "update": m["timing/update"],
+              "other": total - m["timing/generate"] - scoring - m["timing/update"],
+              "tokens": tokens, "rss_mb": rss_mb(), "kl": m["objective/kl"], "score_mean": m["objective/score"]})
+    shutil.rmtree(out, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- TRL side
+def run_trl(args, meta: dict) -> None:
+    import gc
+
+    import torch
+    from datasets import Dataset
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        TrainerCallback,
+    )
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import trl.experimental.ppo.ppo_trainer as T
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    clock = {"generate": 0.0, "scoring": 0.0, "gc": 0.0}
+
+    def timed(fn, key_of):
+        def wrapper(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                key = key_of(a)
+                if key:
+                    clock[key] += time.perf_counter() - t
+        return wrapper
+
+    T.batch_generation = timed(T.batch_generation, lambda a: "generate")
+    T.get_reward = timed(T.get_reward, lambda a: "scoring")
+    # forward() on the policy-and-value wrapper is the update's; on a bare policy it is the reference
+    T.forward = timed(T.forward, lambda a: None if type(a[0]).__name__ == "PolicyAndValueWrapper" else "scoring")
+
+    class _GC:
+        def __getattr__(self, name):
+            return getattr(gc, name)
+
+        def collect(self, *a):
+            t = time.perf_counter()
+            try:
+                return gc.collect(*a)
+            finally:
+                clock["gc"] += time.perf_counter() - t
+
+    T.gc = _GC()
+
+    tok = AutoTokenizer.from_pretrained(meta["policy"])
+    assert tok.pad_token_id == meta["pad"], (tok.pad_token_id, meta["pad"])
+    policy = AutoModelForCausalLM.from_pretrained(meta["policy"], dtype=torch.float32)
+    ref = AutoModelForCausalLM.from_pretrained(meta["policy"], dtype=torch.float32)
+    reward = AutoModelForSequenceClassification.from_pretrained(meta["reward"], num_labels=1, dtype=torch.float32)
+    value = AutoModelForSequenceClassification.from_pretrained(meta["reward"], num_labels=1, dtype=torch.float32)
+    for m in (policy, ref, reward, value):
+        m.config.pad_token_id = tok.pad_token_id
+        bad = [n for n, p in m.named_parameters() if not p.is_floating_point() or p.dtype != torch.float32]
+        assert not bad, bad
+    data = Dataset.from_dict({"input_ids": meta["prompt_ids"]})
+    out = Path(tempfile.mkdtemp(prefix="vs-trl-trl-", dir=args.work))
+    cfg = PPOConfig(
+        output_dir=str(out), per_device_train_batch_size=BATCH, gradient_accumulation_steps=1, num_mini_batches=1,
+        num_ppo_epochs=EPOCHS, response_length=NEW_TOKENS, total_episodes=BATCH * (args.iterations + 1),
+        local_rollout_forward_batch_size=BATCH, learning_rate=LR, temperature=1.0, kl_coef=0.05, vf_coef=0.1,
+        stop_token=None, missing_eos_penalty=None, num_sample_generations=0, report_to=[], save_strategy="no",
+        logging_steps=1000, seed=0, use_cpu=True, bf16=False, dataloader_num_workers=0,
+    )
+    state = {"it": 0, "t": 0.0, "last": {}}
+
+    class Lockstep(TrainerCallback):
+        def _begin(self):
+            wait_go()
+            clock.update(generate=0.0, scoring=0.0, gc=0.0)
+            state["t"] = time.perf_counter()
+
+        def on_train_begin(self, a, s, c, **kw):
+            self._begin()
+
+        def on_log(self, a, s, c, logs=None, **kw):
+            state["last"] = dict(logs or {})
+
+        def on_step_end(self, a, s, c, **kw):
+            state["it"] += 1
+            total = time.perf_counter() - state["t"]
+            update = total - clock["generate"] - clock["scoring"] - clock["gc"]
+            emit({"iteration": state["it"], "total": total, "generate": clock["generate"],
+                  "scoring": clock["scoring"], "update": update, "gc": clock["gc"], "other": 0.0,
+                  "tokens": BATCH * NEW_TOKENS, "rss_mb": rss_mb(),
+                  "kl": state["last"].get("objective/kl"), "score_mean": state["last"].get("objective/scores")})
+            if state["it"] < args.iterations + 1:
+                self._begin()
+
+    trainer = PPOTrainer(args=cfg, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
+                         train_dataset=data, value_model=value, callbacks=[Lockstep()])
+    cfg.logging_steps = 1  # after __init__: metrics of every step reach on_log (TRL logs before on_step_end)
+    trainer.state.logging_steps = 1
+    emit({"ready": True, "precision": "no", "rss_mb": rss_mb()})
+    trainer.train()
+    shutil.rmtree(out, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- parent
+def trl_python(args) -> str:
+    venv = Path(args.trl_venv)
+    py = venv / "bin" / "python"
+    stamp = venv / ".vs-trl-installed"
+    if not stamp.is_file():
+        print(f"building {venv} (TRL 1.12.0, torch from constraints.txt) ...", flush=True)
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(py), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
+        subprocess.run(pip + ["torch==2.13.0"], check=True)
+        subprocess.run(pip + TRL_PINS, check=True)
+        stamp.touch()
+    return str(py)
+
+
+def floors(meta: dict, side: str, spec: dict, rates: dict, precision: str) -> dict:
+    """Seconds per phase at this CPU's measured matmul rate / bandwidth (see the module docstring)."""
+    n_lm = meta["params_lm"]  # tied embeddings: the output layer's matmul uses the embedding's weights
+    n_body = n_lm - meta["params_embedding"]  # reward / value models: backbone + a 1-wide head
+    tokens = sum(len(x) for x in meta["prompt_ids"]) + BATCH * NEW_TOKENS
+    prompt_tokens = sum(len(x) for x in meta["prompt_ids"])
+    bf16 = precision == "bf16"
+    rate = rates["gflops_bf16" if bf16 else "gflops_fp32"] * 1e9
+    bytes_per = 2 if bf16 else 4
+    gen_flops = 2 * n_lm * (prompt_tokens + BATCH * NEW_TOKENS)
+    gen_bw = NEW_TOKENS * n_lm * bytes_per / (rates["gbps"] * 1e9)
+    # scoring: reference (LM) + reward model (body); + value model (body) for a separate critic; TRL's and the
+    # floor's old log-probs come from the generation pass
+    separate = side == "trl" or spec.get("critic") == "separate"
+    score_flops = 2 * tokens * (n_lm + n_body * (2 if separate else 1))
+    per_param = 4 if spec.get("lora") else 6  # a frozen base still back-propagates to its inputs
+    update_flops = EPOCHS * tokens * (per_param * n_lm + (6 * n_body if separate else 0))
+    return {"generate": max(gen_flops / rate, gen_bw), "scoring": score_flops / rate, "update": update_flops / rate,
+            "generate_kind": "bandwidth" if gen_bw > gen_flops / rate else "flops"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help=f"{TINY} instead of {SMOLLM2}")
+    p.add_argument("--sides", default=",".join(SIDES), help="comma-separated, of: " + ", ".join(SIDES))
+    p.add_argument("--iterations", type=int, default=3, help="timed iterations after one warm-up")
+    p.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "2")))
+    p.add_argument("--sequential", action="store_true", help="one side after the other (less memory at once)")
+    p.add_argument("--work", default="", help="where the shared model dirs go (default: a temp dir, removed)")
+    p.add_argument("--trl-venv", default=str(ROOT / ".venv-trl"))
+    p.add_argument("--json", default="", help="also write the results here")
+    p.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        meta = json.loads((Path(args.work) / "inputs.json").read_text())
+        if args.child == "trl":
+            run_trl(args, meta)
+        else:
+            run_quartet(args, meta, SIDES[args.child])
+        return
+
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        raise SystemExit(f"error: --sides: unknown {unknown}; choose from {list(SIDES)}")
+    keep = bool(args.work)
+    work = Path(args.work) if keep else Path(tempfile.mkdtemp(prefix="vs-trl-"))
+    work.mkdir(parents=True, exist_ok=True)
+    args.work = str(work)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TRL_EXPERIMENTAL_SILENCE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}
+    try:
+        trl_py = trl_python(args) if "trl" in sides else None
+        rates = machine_rates(args.threads)
+        print(f"machine: {_cpu()}, {args.threads} threads; matmul fp32 {rates['gflops_fp32']:.0f} GFLOP/s, "
+              f"bf16 {rates['gflops_bf16']:.0f} GFLOP/s; memory read {rates['gbps']:.1f} GB/s", flush=True)
+        meta = prepare(work, TINY if args.tiny else SMOLLM2)
+        lens = [len(x) for x in meta["prompt_ids"]]
+        print(f"workload: {meta['model']} ({meta['params_lm'] / 1e6:.1f}M params) x4 roles; {BATCH} prompts of "
+              f"{min(lens)}-{max(lens)} tokens x {NEW_TOKENS} new tokens (EOS ignored), {EPOCHS} epochs, one "
+              f"minibatch of {BATCH}; {args.iterations} timed iterations after 1 warm-up; "
+              f"{'sequential' if args.sequential else 'interleaved'}", flush=True)
+        groups = [[s] for s in sides] if args.sequential else [sides]
+        results = {}
+        for group in groups:
+            results.update(_run_group(group, args, env, trl_py, work))
+        rows = _report(results, meta, rates)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"rates": rates, "meta": {k: v for k, v in meta.items()
+                                                                            if k != "prompt_ids"},
+                                                   "rows": rows, "raw": results}, indent=1))
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_group(group, args, env, trl_py, work: Path) -> dict:
+    procs, logs = {}, {}
+    for side in group:
+        py = trl_py if side == "trl" else sys.executable
+        cmd = [py, str(Path(__file__).resolve()), "--child", side, "--work", str(work),
+               "--iterations", str(args.iterations), "--threads", str(args.threads)]
+        logs[side] = open(work / f"{side}.log", "w")
+        procs[side] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[side],
+                                       text=True, env=env, cwd=str(ROOT))
+    results = {s: {"iterations": []} for s in group}
+    try:
+        for side in group:
+            results[side].update(_read(procs[side], side, work))
+        for _ in range(args.iterations + 1):
+            for side in group:  # A B C ... A B C ...
+                procs[side].stdin.write("go\n")
+                procs[side].stdin.flush()
+                r = _read(procs[side], side, work)
+                results[side]["iterations"].append(r)
+                print(f"  {side} iteration {r['iteration']}: {r['total']:.2f} s", flush=True)
+        for side in group:
+            procs[side].stdin.close()
+            if procs[side].wait(timeout=600):
+                raise SystemExit(f"error: side {side} failed; see {work / (side + '.log')}")
+    finally:
+        for side, proc in procs.items():
+            if proc.poll() is None:
+                proc.kill()
+            logs[side].close()
+    return results
+
+
+def _read(proc, side: str, work: Path) -> dict:
+    for line in proc.stdout:
+        if line.startswith(TAG):
+            return json.loads(line[len(TAG):])
+    tail = (work / f"{side}.log").read_text()[-3000:]
+    raise SystemExit(f"error: side {side} ended early:\n{tail}")
+
+
+def _report(results: dict, meta: dict, rates: dict) -> list[dict]:
+    rows = []
+    for side, res in results.items():
+        its = res["iterations"][1:]  # the first is warm-up
+        med = {k: statistics.median(float(it.get(k) or 0.0) for it in its)
+               for k in ("total", "generate", "scoring", "update", "gc", "other")}
+        precision = {"no": "fp32"}.get(res.get("precision", "no"), res.get("precision"))
+        row = {"side": side, "label": SIDES[side]["label"], "precision": precision,
+               "peak_rss_mb": max(it["rss_mb"] for it in res["iterations"]),
+               "tokens_per_s": BATCH * NEW_TOKENS / med["generate"], **med,
+               "floor": floors(meta, side, SIDES[side], rates, precision),
+               "kl_last": its[-1].get("kl"), "score_last": its[-1].get("score_mean")}
+        rows.append(row)
+    base = next((r for r in rows if r["side"] == "trl"), None)
+    print("\n| run | s / iteration | vs TRL | peak RSS | vs TRL | rollout tokens/s |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        rt = f"{r['total'] / base['total']:.2f}" if base else "-"
+        rm = f"{r['peak_rss_mb'] / base['peak_rss_mb']:.2f}" if base else "-"
+        print(f"| {r['label']} | {r['total']:.2f} | {rt} | {r['peak_rss_mb'] / 1024:.2f} GB | {rm} | "
+              f"{r['tokens_per_s']:.0f} |")
+    print("\nper phase, median seconds per iteration (x = times the floor on this CPU at the side's precision):")
+    print("| run | generate (floor) | scoring forwards (floor) | update (floor) | other |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        f = r["floor"]
+        other = r["gc"] + r["other"]
+        print(f"| {r['side']} ({r['precision']}) | {r['generate']:.2f} ({f['generate']:.2f} {f['generate_kind']}, "
+              f"{r['generate'] / f['generate']:.1f}x) | {r['scoring']:.2f} ({f['scoring']:.2f}, "
+              f"{r['scoring'] / f['scoring']:.1f}x) | {r['update']:.2f} ({f['update']:.2f}, "
+              f"{r['update'] / f['update']:.1f}x) | {other:.2f} |")
+    for side, res in results.items():
+        if side != "trl":
+            its = res["iterations"][1:]
+            parts = {k: statistics.median(it[k] for it in its) for k in ("score", "old_logprob_value", "reference")}
+            print(f"{side} scoring split: reward model {parts['score']:.2f} s, old log-probs + values "
+                  f"{parts['old_logprob_value']:.2f} s, reference {parts['reference']:.2f} s")
+    return rows
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                flags = Path("/proc/cpuinfo").read_text()
+                return name + (" (AVX-512 BF16)" if "avx512_bf16" in flags else " (no native bf16)")
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()
