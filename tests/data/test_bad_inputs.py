@@ -17,9 +17,9 @@ import quartet.atomic
 from quartet.atomic import atomic_dir, atomic_write_text
 from quartet.config import DataConfig
 from quartet.data import encode_prompts, encode_sft, load_preferences, load_prompts, load_sft
+from quartet.data.readers import check_data_path
 from quartet.data.schemas import SFTExample
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
-from quartet.data.readers import check_data_path
 from quartet.judges import load_reward_fn
 from quartet.models import resolve_model
 from quartet.models.loading import check_context
