@@ -131,17 +131,7 @@ class HFEngine:
         response_ids = torch.cat(
             [torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks]
         )
-        response_mask, eos = response_mask_from_ids(response_ids, self.tokenizer.eos_token_id)
-        response_ids = response_ids.masked_fill(response_mask == 0, pad)
-        responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        return Rollout(
-            prompt_ids=prompt_ids.repeat_interleave(num_samples, 0),
-            prompt_mask=prompt_mask.repeat_interleave(num_samples, 0),
-            response_ids=response_ids,
-            response_mask=response_mask,
-            eos=eos,
-            responses=[r.strip() for r in responses],
-        )
+        return make_rollout(prompt_ids, prompt_mask, response_ids, self.tokenizer, num_samples)
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, k: int):
         """KV cache of each prompt but its last token, computed once and repeated for its k samples.
@@ -155,6 +145,27 @@ class HFEngine:
         cache = out.past_key_values
         cache.batch_repeat_interleave(k)
         return cache
+
+
+def make_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, tokenizer,
+                 num_samples: int, lengths: torch.Tensor | None = None) -> Rollout:
+    """The Rollout of an engine's right-padded (B, R) `response_ids` for `num_samples` per prompt row: real
+    tokens up to and including the first EOS (and within `lengths`, when the engine reports them), padding
+    set to pad, responses decoded without special tokens. Every engine ends its `generate` here."""
+    pad = tokenizer.pad_token_id
+    response_mask, eos = response_mask_from_ids(response_ids, tokenizer.eos_token_id)
+    if lengths is not None:
+        response_mask = response_mask * (torch.arange(response_ids.shape[1]) < lengths[:, None])
+    response_ids = response_ids.masked_fill(response_mask == 0, pad)
+    responses = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(num_samples, 0),
+        prompt_mask=prompt_mask.repeat_interleave(num_samples, 0),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        eos=eos,
+        responses=[r.strip() for r in responses],
+    )
 
 
 def sample_seed(seed: int, index: int) -> int:

@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from quartet.rollout.engine import _base_config, merged_state_dict, sample_seed
-from quartet.rollout.record import Rollout, response_mask_from_ids
+from quartet.rollout.engine import _base_config, make_rollout, merged_state_dict, sample_seed
+from quartet.rollout.record import Rollout
 
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE when unset: left alone vLLM reserves most free RAM beside the trainer
 
@@ -146,19 +146,10 @@ class VLLMEngine:
         for i, (ids, lp) in enumerate(zip(tokens, logps)):
             response_ids[i, : len(ids)] = torch.tensor(ids, dtype=prompt_ids.dtype)
             engine_logprobs[i, : len(lp)] = torch.tensor(lp)
-        response_mask, eos = response_mask_from_ids(response_ids, self.tokenizer.eos_token_id)
-        response_mask = response_mask * (torch.arange(width) < torch.tensor([len(t) for t in tokens])[:, None])
-        response_ids = response_ids.masked_fill(response_mask == 0, pad)
-        responses = self.tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-        return Rollout(
-            prompt_ids=prompt_ids.repeat_interleave(num_samples, 0),
-            prompt_mask=prompt_mask.repeat_interleave(num_samples, 0),
-            response_ids=response_ids,
-            response_mask=response_mask,
-            eos=eos,
-            responses=[r.strip() for r in responses],
-            engine_logprobs=engine_logprobs * response_mask,
-        )
+        lengths = torch.tensor([len(t) for t in tokens])
+        ro = make_rollout(prompt_ids, prompt_mask, response_ids, self.tokenizer, num_samples, lengths)
+        ro.engine_logprobs = engine_logprobs * ro.response_mask
+        return ro
 
 
 @contextlib.contextmanager
