@@ -152,3 +152,19 @@ def test_scoring_refuses_a_model_with_no_trained_head(tmp_path):
             load_reward_model(name, trained=True)
     saved = save_reward_model(load_reward_model(TINY), tmp_path / "rm")
     assert load_reward_model(str(saved), trained=True).backbone == TINY
+
+
+def test_scorer_autocast_runs_the_matmuls_in_bf16_and_keeps_fp32_weights_and_normalisation(tmp_path):
+    from quartet.rollout.scoring import Scorer
+
+    torch.manual_seed(0)
+    rm = load_reward_model(TINY)
+    rm.set_normalization(0.25, 3.0)
+    out = str(save_reward_model(rm, tmp_path / "rm"))
+    prompts = ["Say something."] * len(TEXTS)
+    full, low = Scorer(out), Scorer(out, autocast=torch.bfloat16)
+    assert {p.dtype for p in low.reward_model.parameters()} == {torch.float32}
+    assert low.reward_model.mean.dtype == torch.float32
+    x, y = full(prompts, TEXTS), low(prompts, TEXTS)
+    assert y.dtype == torch.float32 and not torch.equal(x, y)  # the bf16 matmuls ran
+    assert torch.allclose(x, y, atol=0.05 * float(x.abs().max()) + 1e-3)

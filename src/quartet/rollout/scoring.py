@@ -51,9 +51,13 @@ class Scorer:
     prompts: the user's prompts (text, or chat messages); responses: decoded response text.
     """
 
-    def __init__(self, spec: str, dtype: torch.dtype = torch.float32, batch_size: int = 32):
+    def __init__(self, spec: str, dtype: torch.dtype = torch.float32, batch_size: int = 32,
+                 autocast: torch.dtype | None = None):
+        """`autocast`: run a reward model's matmuls in this dtype (bf16 where the trainer autocasts to it);
+        its weights and the normalisation of its scores stay in `dtype`."""
         self.spec = spec
         self.batch_size = batch_size
+        self.autocast = autocast
         self.reward_model = None
         self.fn = None
         if is_reward_model_spec(spec):
@@ -74,7 +78,9 @@ class Scorer:
 
             tok = self.reward_model.tokenizer
             texts = [render_conversation(tok, p, r) for p, r in zip(prompts, responses)]
-            scores = self.reward_model.score_texts(texts, batch_size=self.batch_size)
+            device = next(self.reward_model.parameters()).device.type
+            with torch.autocast(device, dtype=self.autocast, enabled=self.autocast not in (None, torch.float32)):
+                scores = self.reward_model.score_texts(texts, batch_size=self.batch_size)
         else:
             from quartet.data import prompt_text
 

@@ -105,7 +105,9 @@ def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
             raise ConfigError(f"ppo.reference: '{cfg.reference}' has a different vocabulary from policy '{cfg.policy}'")
         reference.eval().requires_grad_(False)
         disable_dropout(reference)
-    scorer = Scorer(cfg.reward)
+    from quartet.trainers.loop import generation_dtype
+
+    scorer = Scorer(cfg.reward, autocast=generation_dtype(cfg.precision))  # as the trainer's own forwards
     gold = Scorer(cfg.gold) if cfg.gold else None
     monitors = {}
     for name, spec in cfg.monitor_judges.items():
