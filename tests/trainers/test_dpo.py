@@ -81,12 +81,14 @@ def test_dpo_learns_a_known_rule_and_writes_the_run_dir(tmp_path):
     # the saved policy is what the eval and later stages load: it ranks a held-out pair by the rule
     model, tok = load_causal_lm(str(result.model_dir))
     ref, _ = load_causal_lm(TINY)
-    _, held = loop.split_train_eval(keyword_pairs(200), 0.2, seed=0)
+    from quartet.data.schemas import PreferenceExample
+
+    _, held = loop.split_train_eval([PreferenceExample(**r) for r in keyword_pairs(200)], 0.2, seed=0)  # as the trainer
     wins = 0
     for row in held[:10]:
         logratio = []
         for side in ("chosen", "rejected"):
-            head, rest = split_conversation(tok, row["prompt"], row[side])
+            head, rest = split_conversation(tok, row.prompt, getattr(row, side))
             prompt_ids = tok(head, add_special_tokens=False).input_ids
             lp = [sequence_logp(m, tok, prompt_ids, rest, eos=False) for m in (model, ref)]
             logratio.append(lp[0] - lp[1])

@@ -78,8 +78,11 @@ def test_rm_learns_a_known_rule_and_writes_the_run_dir(tmp_path):
 
     # normalised on the training responses: reloaded, they score mean 0, std 1 (unbiased std, as torch)
     rm = load_reward_model(str(result.model_dir))
-    train, _ = split_train_eval(keyword_pairs(200), 0.2, seed=0)
-    texts = [render_conversation(rm.tokenizer, r["prompt"], r[side]) for side in ("chosen", "rejected") for r in train]
+    from quartet.data.schemas import PreferenceExample
+
+    train, _ = split_train_eval([PreferenceExample(**r) for r in keyword_pairs(200)], 0.2, seed=0)  # as the trainer
+    texts = [render_conversation(rm.tokenizer, r.prompt, getattr(r, side)) for side in ("chosen", "rejected")
+             for r in train]
     scores = rm.score_texts(texts)
     assert statistics.fmean(scores) == pytest.approx(0.0, abs=1e-3)
     assert statistics.stdev(scores) == pytest.approx(1.0, abs=1e-2)
@@ -140,3 +143,22 @@ def test_cli_rm_end_to_end_and_bad_file(tmp_path):
 def test_unknown_key_suggests(tmp_path):
     with pytest.raises(QuartetError, match="center_coeff: unknown key \\(did you mean 'center_coef'"):
         load_config(RewardConfig, None, ["center_coeff=0.1"])
+
+
+def test_held_out_split_keeps_all_pairs_of_a_prompt_on_one_side():
+    from quartet.data.schemas import PreferenceExample
+
+    pairs = [PreferenceExample(prompt=f"prompt {p}", chosen=f"good {k}", rejected=f"bad {k}")
+             for p in range(20) for k in range(6)]  # 6 pairs per prompt, as all-pairs of K=4 answers gives
+    train, held = split_train_eval(pairs, 0.2, seed=0)
+    assert len(train) + len(held) == len(pairs) and len(held) == 24
+    assert not {ex.prompt for ex in train} & {ex.prompt for ex in held}
+    assert split_train_eval(pairs, 0.2, seed=0) == (train, held)  # seeded
+    # one prompt only: nothing to group by, split by rows
+    single = [PreferenceExample(prompt="same", chosen=f"good {k}", rejected=f"bad {k}") for k in range(10)]
+    train, held = split_train_eval(single, 0.2, seed=0)
+    assert len(held) == 2 and len(train) == 8
+    # unique prompts: the same split as by rows
+    unique = [PreferenceExample(prompt=f"p{k}", chosen="a", rejected="b") for k in range(50)]
+    by_rows = split_train_eval(list(range(50)), 0.2, seed=0)[1]
+    assert [ex.prompt for ex in split_train_eval(unique, 0.2, seed=0)[1]] == [f"p{i}" for i in by_rows]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import random
@@ -105,17 +106,32 @@ def seed_everything(seed: int) -> None:
 
 # --------------------------------------------------------------------------- data
 def split_train_eval(examples: list, eval_fraction: float, seed: int, eval_examples: list | None = None):
-    """(train, eval): the given eval set, or a seeded random `eval_fraction` of `examples` (>= 1 row)."""
+    """(train, eval): the given eval set, or a seeded random `eval_fraction` of `examples` (>= 1 row).
+
+    Rows that share a prompt stay on one side: several answers to one prompt (AI-feedback all-pairs, K
+    demonstrations) would otherwise put the same texts on both sides and flatter the held-out score. Data
+    with a single prompt (nothing to group) is split by rows."""
     if eval_examples is not None:
         return list(examples), list(eval_examples)
     if eval_fraction <= 0:
         return list(examples), []
     if len(examples) < 2:
         raise DataError(f"only {len(examples)} row(s): too few to hold out an eval split (set eval_fraction: 0)")
-    order = list(range(len(examples)))
-    random.Random(seed).shuffle(order)
+    groups: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples):
+        key = json.dumps(ex.prompt, sort_keys=True) if hasattr(ex, "prompt") else str(i)
+        groups.setdefault(key, []).append(i)
+    if len(groups) < 2:
+        groups = {str(i): [i] for i in range(len(examples))}
+    keys = list(groups)
+    random.Random(seed).shuffle(keys)
     n_eval = min(len(examples) - 1, max(1, round(eval_fraction * len(examples))))
-    held = set(order[:n_eval])
+    held: set[int] = set()
+    for key in keys:
+        if len(held) >= n_eval:
+            break
+        if len(held) + len(groups[key]) < len(examples):  # keep at least one training row
+            held.update(groups[key])
     train = [ex for i, ex in enumerate(examples) if i not in held]
     return train, [examples[i] for i in sorted(held)]
 
