@@ -19,8 +19,9 @@ from quartet.rollout.record import Rollout, position_ids_from_mask, response_mas
 
 
 class GenerationEngine(Protocol):
-    def sync(self, actor: torch.nn.Module) -> None:
-        """Copy the actor's current weights (LoRA merged) into the engine."""
+    def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Copy the actor's current weights (LoRA merged) into the engine. `state`: the actor's full weights
+        gathered from a sharded model (quartet.trainers.sharding), used instead of the module's own tensors."""
 
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
@@ -32,29 +33,58 @@ class GenerationEngine(Protocol):
         prompts share its batch or its process. `greedy`: the most likely response instead (ReMax's baseline)."""
 
 
-def merged_state_dict(actor: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The actor's weights as a plain (non-peft) state dict, LoRA deltas folded into their base layers."""
+def merged_state_dict(actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The actor's weights as a plain (non-peft) state dict, LoRA deltas folded into their base layers.
+
+    `state`: the actor's full weights keyed as `actor.state_dict()`, gathered from a sharded model (whose own
+    tensors are shards); the merge then reads the adapter matrices from it (plain LoRA on linear layers)."""
     try:
         from peft import PeftModel
         from peft.tuners.lora import LoraLayer
     except ImportError:  # peft is a dependency, but keep plain models working without it
         PeftModel = LoraLayer = ()  # noqa: N806
     if not isinstance(actor, PeftModel):
-        return {k: v.detach() for k, v in actor.state_dict().items()}
+        return {k: v.detach() for k, v in (actor.state_dict() if state is None else state).items()}
     base = actor.get_base_model()
+    prefix = "base_model.model."  # a PeftModel's keys are its base model's under this prefix
+    base_state = base.state_dict() if state is None else {k.removeprefix(prefix): v for k, v in state.items()}
     merged: dict[str, torch.Tensor] = {}
     lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    for key, value in base.state_dict().items():
+    for key, value in base_state.items():
         if "lora_" in key:
             continue
         clean = key.replace(".base_layer.", ".")
         merged[clean] = value.detach()
     with torch.no_grad():
         for name, layer in lora_layers.items():
-            weight = layer.get_base_layer().weight
-            delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+            if state is None:
+                weight = layer.get_base_layer().weight
+                delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
+            else:
+                weight = base_state[f"{name}.base_layer.weight"]
+                delta = _lora_delta(layer, name, base_state)
             merged[f"{name}.weight"] = weight + delta if isinstance(delta, torch.Tensor) else weight
     return merged
+
+
+def _lora_delta(layer, name: str, state: dict[str, torch.Tensor]):
+    """What peft's `Linear.get_delta_weight` computes, from the gathered adapter matrices in `state`:
+    (B @ A), transposed for fan-in-fan-out layers, times the adapter's scale (in fp32 for 16-bit weights)."""
+    from peft.tuners.lora import Linear
+    from peft.utils.other import transpose
+
+    delta = 0
+    for a in layer.active_adapters:
+        if a not in layer.lora_A:
+            continue
+        if not isinstance(layer, Linear) or layer.use_dora.get(a, False):
+            raise RuntimeError(f"LoRA layer {name}: only plain LoRA on linear layers can be merged from gathered "
+                               f"weights (got {type(layer).__name__}{', DoRA' if layer.use_dora.get(a) else ''})")
+        w_a, w_b = state[f"{name}.lora_A.{a}.weight"], state[f"{name}.lora_B.{a}.weight"]
+        dtype = w_b.dtype
+        d = transpose(w_b.float() @ w_a.float(), layer.fan_in_fan_out) * layer.scaling[a]
+        delta = delta + d.to(dtype)
+    return delta
 
 
 class HFEngine:
@@ -94,8 +124,8 @@ class HFEngine:
             warpers.append(TopPLogitsWarper(self.cfg.top_p))
         return transformers.LogitsProcessorList([*warpers, PerRowGumbel(seeds)])
 
-    def sync(self, actor: torch.nn.Module) -> None:
-        state = merged_state_dict(actor)
+    def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
+        state = merged_state_dict(actor, state)
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
         if missing or unexpected:

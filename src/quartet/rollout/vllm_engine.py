@@ -90,22 +90,27 @@ class VLLMEngine:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _weights(self, actor: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-        """(name, tensor) in checkpoint naming and the engine's dtype, the output layer always its own tensor."""
-        state = merged_state_dict(actor)
+    def _weights(self, actor: torch.nn.Module, gathered: dict[str, torch.Tensor] | None = None,
+                 ) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) in checkpoint naming and the engine's dtype, the output layer always its own tensor.
+        `gathered`: the actor's full weights from a sharded model (see GenerationEngine.sync)."""
+        state = merged_state_dict(actor, gathered)
         base = actor.get_base_model() if hasattr(actor, "get_base_model") else actor
         head = base.get_output_embeddings()
-        if "lm_head.weight" not in state and head is not None:
+        if "lm_head.weight" not in state and head is not None and gathered is None:
             state["lm_head.weight"] = head.weight.detach()
+        elif "lm_head.weight" not in state and head is not None:  # tied, sharded: the gathered input embedding
+            embed = next(n for n, m in base.named_modules() if m is base.get_input_embeddings())
+            state["lm_head.weight"] = state[f"{embed}.weight"]
         out = {k: v.to(self.dtype).contiguous() for k, v in state.items()}
         if "lm_head.weight" in out:  # tied: no storage shared with the embedding (safetensors refuses it)
             out["lm_head.weight"] = out["lm_head.weight"].clone()
         return list(out.items())
 
-    def sync(self, actor: torch.nn.Module) -> None:
+    def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
         t = time.perf_counter()
         _quiet_rotary_reload()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(actor)})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(actor, state)})
         self.llm.reset_prefix_cache()  # cached keys/values were computed with the old weights
         self.last_sync_s = time.perf_counter() - t
 

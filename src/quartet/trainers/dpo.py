@@ -40,7 +40,7 @@ from quartet.models import apply_lora, load_causal_lm, make_reference, save_mode
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
-from quartet.trainers import loop
+from quartet.trainers import loop, sharding
 
 log = logging.getLogger("quartet")
 
@@ -115,6 +115,7 @@ def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
         model = apply_lora(model, cfg.lora)
     reference = make_reference(model, cfg.reference) if cfg.reference or probe else None
     accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
+    sharding.refuse_unsupported(accelerator, "dpo", {"DPO (use DDP)": True})
     model.to(accelerator.device)
     if reference is not None and not reference.shared:
         reference.model.to(accelerator.device)

@@ -26,6 +26,7 @@ from quartet.algo.offpolicy import logprob_gap
 from quartet.data import left_pad, prompt_text
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import shape_scores
+from quartet.trainers import sharding
 from quartet.trainers.ppo_roles import Roles, actor_logprobs
 
 
@@ -76,7 +77,7 @@ class ExperienceMaker:
         t = time.perf_counter()
         batch = self.batch_indices(iteration)
         prompt_ids, prompt_mask = left_pad([self.prompt_ids[i] for i in batch], tok.pad_token_id)
-        self.engine.sync(self.accelerator.unwrap_model(model).actor)
+        sharding.sync_engine(self.engine, self.accelerator, model)  # sharded: the gathered full weights
         offset = self.accelerator.process_index * len(batch) * G  # this process's first global sample
         ro = self.engine.generate(prompt_ids, prompt_mask, seed=step_seed(cfg.seed, iteration, 1), num_samples=G,
                                   sample_offset=offset)

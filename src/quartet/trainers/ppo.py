@@ -52,7 +52,7 @@ from quartet.rollout.engine import make_engine
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import RunningMoments
 from quartet.trainers import checkpoint as ckpt
-from quartet.trainers import loop
+from quartet.trainers import loop, sharding
 from quartet.trainers.experience import ExperienceMaker, rollout_stats, step_seed
 from quartet.trainers.ppo_roles import build_roles
 
@@ -107,6 +107,10 @@ class PPOTrainer:
         if resume and not ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(f"{self.run_dir}: --resume given but there is no checkpoint under "
                               f"{self.run_dir / 'checkpoints'}")
+        # FSDP / ZeRO-3 (accelerate on GPUs): what does not yet handle sharded weights is refused here
+        self.sharded = sharding.refuse_unsupported(self.accelerator, "ppo", {
+            "a critic (use critic: none, e.g. advantage: grpo)": cfg.critic_kind != "none",
+            "checkpoints (set save_every: 0)": bool(cfg.save_every), "--resume": resume})
         self.estimator = get_estimator(cfg.advantage)
         self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
         torch.manual_seed(cfg.seed)
@@ -133,13 +137,14 @@ class PPOTrainer:
         optimizer = torch.optim.AdamW(groups, weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
         scheduler = loop.make_scheduler(optimizer, cfg.optim, cfg.iterations * cfg.updates_per_iteration,
                                         self.accelerator.num_processes)
+        # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs
+        engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision))
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
 
         self.kl_ctl = AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else FixedKL(cfg.kl_coef)
         self.moments = RunningMoments() if cfg.reward_norm else None
         self.best = ckpt.BestTracker(self.run_dir, cfg.best_metric)
-        engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision))
         self.experience = ExperienceMaker(cfg, self.roles, engine, self.accelerator,
                                           [examples[i].prompt for i in encoded.kept], encoded.input_ids,
                                           self.moments, self.estimator.needs_greedy)
@@ -305,7 +310,8 @@ class PPOTrainer:
                 if self.main:
                     logger.log(iteration, metrics)
                     append_samples(self.run_dir, self._last_samples)
-                    self.best.update(iteration, metrics, self.accelerator.unwrap_model(self.model))
+                    if not self.sharded:  # a best copy would hold this process's shard only
+                        self.best.update(iteration, metrics, self.accelerator.unwrap_model(self.model))
                 bar.set_postfix(score=f"{metrics['objective/score']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
                                 len=f"{metrics['rollout/length_mean']:.0f}", ent=f"{metrics['policy/entropy']:.2f}")
                 for finding in doctor.update(iteration, metrics):  # the same metrics on every process
@@ -324,11 +330,14 @@ class PPOTrainer:
     def _finish(self, iteration: int, metrics: dict, stopped_by: str | None) -> PPOResult:
         from quartet.models import save_critic, save_model, save_value_head
 
-        self.save_checkpoint(iteration)
+        if not self.sharded:  # sharded: no checkpoints (refused at start-up); the final model below is full
+            self.save_checkpoint(iteration)
         policy = self.accelerator.unwrap_model(self.model)
         result = PPOResult(self.run_dir, self.run_dir / "model", None, iteration, metrics, stopped_by)
+        with sharding.saveable(self.accelerator, self.model, "actor") as actor:  # every process: a collective
+            if self.main:
+                save_model(actor, self.roles.tokenizer, result.model_dir)
         if self.main:
-            save_model(policy.actor, self.roles.tokenizer, result.model_dir)
             if policy.critic is not None and policy.shared_critic:
                 save_value_head(policy.critic, self.run_dir / "value_head.safetensors")
             elif policy.critic is not None:

@@ -30,7 +30,7 @@ from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_r
 from quartet.models.loading import check_context
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.rollout.engine import make_engine
-from quartet.trainers import loop
+from quartet.trainers import loop, sharding
 
 log = logging.getLogger("quartet")
 BUCKETS = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)
@@ -94,6 +94,7 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
     if cfg.lora.enabled:
         rm.model = apply_lora(rm.model, cfg.lora, task_type="SEQ_CLS")  # the score head trains fully
     accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
+    sharding.refuse_unsupported(accelerator, "rm", {"training the reward model (use DDP)": True})
     collate = _Collate(tok.pad_token_id)
     train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
     eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)

@@ -23,7 +23,7 @@ from quartet.data import IGNORE_INDEX, encode_sft, load_sft, right_pad
 from quartet.errors import DataError
 from quartet.models import apply_lora, load_causal_lm, save_model
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
-from quartet.trainers import loop
+from quartet.trainers import loop, sharding
 
 log = logging.getLogger("quartet")
 
@@ -82,9 +82,10 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
             seconds = timer.seconds
         finally:
             metrics.close()
-        unwrapped = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
-        if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
-            save_model(unwrapped, tok, run_dir / "model")
+        # under FSDP / ZeRO-3 a plain copy with the gathered full weights (every process takes part)
+        with sharding.saveable(accelerator, model, keep_fp32_wrapper=False) as unwrapped:
+            if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
+                save_model(unwrapped, tok, run_dir / "model")
         result = SFTResult(
             run_dir=Path(cfg.output_dir),
             model_dir=Path(cfg.output_dir) / "model",
