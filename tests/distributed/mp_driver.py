@@ -36,6 +36,9 @@ def ppo(out: Path, overrides: list[str]) -> None:
     trainer.experience.make = lambda model, it: seen.append(make(model, it)) or seen[-1]
     metrics = [trainer.step(1), trainer.step(2)]
     policy = trainer.accelerator.unwrap_model(trainer.model)
+    from quartet.trainers.sharding import full_state_dict
+
+    full = full_state_dict(trainer.model)  # None unless sharded (tests/distributed/shard_driver.py); collective
     if trainer.accelerator.is_main_process:
         torch.save({
             "response_ids": [e.rollout.response_ids for e in seen],
@@ -43,7 +46,7 @@ def ppo(out: Path, overrides: list[str]) -> None:
             "advantages": [e.rollout.advantages for e in seen],
             "scores": [e.rollout.scores for e in seen],
             "metrics": [{k: v for k, v in m.items() if not k.startswith(("timing/", "memory/"))} for m in metrics],
-            "weights": {n: p.detach().clone() for n, p in policy.named_parameters()},
+            "weights": full if full is not None else {n: p.detach().clone() for n, p in policy.named_parameters()},
         }, out)
     trainer.accelerator.wait_for_everyone()
 

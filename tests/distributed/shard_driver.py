@@ -5,6 +5,8 @@ with full weights: the gather, the engine sync, the final save. For tests/distri
     python tests/distributed/shard_driver.py OUT_DIR [lora]        (one process: the same update, unsharded)
     DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 tests/distributed/shard_driver.py OUT_DIR [lora] zero3
                                                   (DeepSpeed ZeRO-3 instead of FSDP2; needs deepspeed)
+    accelerate launch ... shard_driver.py ppo OUT.pt [key=value ...]      (mp_driver's PPO steps, policy sharded)
+    accelerate launch ... shard_driver.py ppo-run OUT.pt [key=value ...]  (a whole sharded PPO run)
 
 accelerate does not apply FSDP on CPU (its FSDP plugin is for GPU-class devices), so the sharding is applied here
 by hand, as accelerate's FSDP2 `prepare` would: each decoder layer, then the root module. Every process feeds
@@ -105,5 +107,75 @@ def main(out: Path, lora: bool, zero3: bool) -> None:
     accelerator.wait_for_everyone()
 
 
+def shard_on_prepare() -> None:
+    """From now on the trainers' accelerator shards the policy with FSDP2 where accelerate would wrap it in DDP
+    (accelerate applies FSDP only on GPU-class devices)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from quartet.trainers import loop
+
+    make_accelerator = loop.make_accelerator
+
+    def sharding_accelerator(*args, **kwargs):
+        accelerator = make_accelerator(*args, **kwargs)
+
+        def shard(policy, optimizer, scheduler):
+            before = dict(policy.named_parameters())
+            mesh = init_device_mesh("cpu", (accelerator.num_processes,))
+            for layer in policy.actor.model.layers:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(policy, mesh=mesh)
+            after = {id(before[n]): p for n, p in policy.named_parameters()}  # new (DTensor) parameters
+            for group in optimizer.param_groups:
+                group["params"] = [after[id(p)] for p in group["params"]]
+            optimizer = accelerator.prepare_optimizer(optimizer)  # accelerate's wrappers, as prepare gives them
+            return policy, optimizer, accelerator.prepare_scheduler(scheduler)
+
+        accelerator.prepare = shard
+        return accelerator
+
+    loop.make_accelerator = sharding_accelerator
+
+
+def ppo_fsdp2(out: Path, overrides: list[str]) -> None:
+    """mp_driver's two PPO iterations on sharded weights: engine sync, update, gathered weights."""
+    import mp_driver
+
+    shard_on_prepare()
+    mp_driver.ppo(out, overrides)
+
+
+def ppo_run(out: Path, overrides: list[str]) -> None:
+    """A whole `train` on sharded weights, the trainer told it is sharded (as under accelerate's FSDP): its
+    start-up refusals, no best/checkpoint copies, the final save from the gathered weights."""
+    from quartet.config import PPOConfig, load_config
+    from quartet.trainers import sharding
+    from quartet.trainers.ppo import PPOTrainer
+
+    shard_on_prepare()
+    sharding.accelerator_shards = lambda accelerator: "fsdp"
+    tiny = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
+    cfg = load_config(PPOConfig, overrides=[
+        f"policy={tiny}", "reward=task:tiny-target", "prompts.path=task:tiny-target/train", "iterations=2",
+        "prompts.max_prompt_tokens=32", f"output_dir={out.parent / 'run'}", "rollout_batch_size=4",
+        "minibatch_size=4", "micro_batch_size=4", "generation.max_new_tokens=6", "optim.lr=1e-2", "precision=fp32",
+        "advantage=grpo", "critic=none", "samples_per_prompt=2", *overrides])
+    try:
+        trainer = PPOTrainer(cfg, progress=False)
+    except Exception as e:  # noqa: BLE001 - the refusal is what the test reads
+        torch.save({"error": f"{type(e).__name__}: {e}"}, out)
+        return
+    trainer.train()
+    full = sharding.full_state_dict(trainer.model)
+    if trainer.accelerator.is_main_process:
+        torch.save({"full": full}, out)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] in ("ppo", "ppo-run"):
+        torch.set_num_threads(1)
+        sys.path.insert(0, str(Path(__file__).parent))
+        {"ppo": ppo_fsdp2, "ppo-run": ppo_run}[sys.argv[1]](Path(sys.argv[2]), sys.argv[3:])
+        sys.exit(0)
     main(Path(sys.argv[1]), lora="lora" in sys.argv[2:], zero3="zero3" in sys.argv[2:])

@@ -6,6 +6,7 @@ unsharded model samples with the same seeds, and the save is a plain HF model wi
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -188,3 +189,58 @@ def test_the_zero3_gather_needs_deepspeed_only_when_sharded():
     if importlib.util.find_spec("deepspeed") is None:
         with pytest.raises(ImportError):
             sharding.full_state_dict(model)
+
+
+def test_the_ppo_trainer_on_fsdp2_sharded_weights_equals_one_process(tmp_path):
+    """The trainer itself on sharded weights: mp_driver's two GRPO iterations, 2 processes x 8 prompts with the
+    policy under FSDP2 (put where accelerate would put DDP), against 1 process x 16 prompts. The second
+    iteration samples from the engine synced after the first update: equal samples mean it got full weights."""
+    from test_processes import GRPO, _close_metrics
+
+    out = []
+    for n, launcher, args in ((1, [sys.executable], [str(HERE / "mp_driver.py"), "ppo"]),
+                              (2, _fsdp2(2), [str(DRIVER), "ppo"])):
+        path = tmp_path / f"p{n}" / "out.pt"
+        path.parent.mkdir()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{HERE.parent / 'trainers'}"}
+        proc = subprocess.run([*launcher, *args, str(path), *GRPO], capture_output=True, text=True, timeout=300,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out.append(torch.load(path))
+    a, b = out
+    for it in range(2):
+        assert torch.equal(a["response_ids"][it], b["response_ids"][it])
+        assert torch.allclose(a["advantages"][it], b["advantages"][it], atol=1e-5)
+        _close_metrics(a["metrics"][it], b["metrics"][it])
+    for name, w in a["weights"].items():  # b's: gathered from the shards; the tolerance of test_processes.py
+        assert torch.allclose(w, b["weights"][name], atol=1e-4), name
+
+
+def test_a_whole_sharded_ppo_run_saves_the_gathered_model_and_refuses_what_it_cannot_do(tmp_path):
+    """`train` with the trainer told it is sharded (as under accelerate's FSDP): the final model dir is a plain HF
+    model equal to the gathered weights, one metrics line per iteration, no checkpoint copies of shards; a critic
+    is refused at start-up with one error and no output."""
+    from transformers import AutoModelForCausalLM
+
+    from quartet.models import load_causal_lm
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{HERE.parent / 'trainers'}"}
+    results = {}
+    for name, extra in (("ok", []), ("critic", ["critic=shared", "advantage=gae", "samples_per_prompt=1"])):
+        out = tmp_path / name / "out.pt"
+        out.parent.mkdir()
+        proc = subprocess.run([*_fsdp2(2), str(DRIVER), "ppo-run", str(out), *extra], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = torch.load(out)
+    run = tmp_path / "ok" / "run"
+    saved = AutoModelForCausalLM.from_pretrained(run / "model").state_dict()
+    initial = load_causal_lm("tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1", torch.float32)[0].state_dict()
+    full = results["ok"]["full"]
+    for k, v in saved.items():
+        assert torch.equal(v, full[f"actor.{k}"]), k
+    assert any(not torch.equal(v, initial[k]) for k, v in saved.items())  # trained
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert not (run / "checkpoints").exists()
+    assert results["critic"]["error"].startswith("ConfigError: ppo under FSDP: a critic")
+    assert not (tmp_path / "critic" / "run").exists()
