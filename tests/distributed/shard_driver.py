@@ -23,7 +23,7 @@ import torch
 TINY = "tiny:llama?hidden=64&layers=2&heads=4&seed=3"
 
 
-def main(out: Path, lora: bool, zero3: bool) -> None:
+def main(out: Path, lora: bool, zero3: bool, fsdp1: bool = False) -> None:
     from quartet.config import GenerationConfig, LoraConfig
     from quartet.data import left_pad
     from quartet.models import apply_lora, load_causal_lm, save_model
@@ -43,8 +43,8 @@ def main(out: Path, lora: bool, zero3: bool) -> None:
     gen = GenerationConfig(max_new_tokens=8, temperature=1.0, batch_size=8)
     engine = HFEngine(actor, tok, gen, dtype=torch.bfloat16)  # as the trainer: made before the weights shard
 
-    def adamw():  # made after `fully_shard`, which replaces the parameters (as accelerate's prepare does)
-        return torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    def adamw():  # made after the wrapping, which replaces the parameters (as accelerate's prepare does)
+        return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
 
     model = policy  # what the trainer holds after `prepare`
     if zero3:
@@ -53,6 +53,14 @@ def main(out: Path, lora: bool, zero3: bool) -> None:
         config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}, "gradient_clipping": 0.0}
         model, optimizer, _, _ = deepspeed.initialize(model=policy, optimizer=adamw(), config=config)
         local = {n: tuple(p.shape) for n, p in policy.named_parameters()}  # partitioned: empty here
+    elif fsdp1 and world > 1:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+        model = FullyShardedDataParallel(policy, auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+                                         use_orig_params=True, device_id=torch.device("cpu"))
+        local = {n: tuple(p.shape) for n, p in model.named_parameters()}  # this process's part of each
     elif world > 1:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -93,7 +101,7 @@ def main(out: Path, lora: bool, zero3: bool) -> None:
     after = engine.generate(ids, mask, seed=11, num_samples=2)
     # what the sync did before this module: the unwrapped actor's own tensors (shards under FSDP)
     naive = "ok"
-    if world > 1:
+    if world > 1 and not fsdp1:  # (FSDP1's state-dict hooks on the inner units run collectives of their own)
         try:
             engine.sync(accelerator.unwrap_model(model).actor)
         except Exception as e:  # noqa: BLE001 - recorded for the test
@@ -178,4 +186,4 @@ if __name__ == "__main__":
         sys.path.insert(0, str(Path(__file__).parent))
         {"ppo": ppo_fsdp2, "ppo-run": ppo_run}[sys.argv[1]](Path(sys.argv[2]), sys.argv[3:])
         sys.exit(0)
-    main(Path(sys.argv[1]), lora="lora" in sys.argv[2:], zero3="zero3" in sys.argv[2:])
+    main(Path(sys.argv[1]), lora="lora" in sys.argv[2:], zero3="zero3" in sys.argv[2:], fsdp1="fsdp1" in sys.argv[2:])

@@ -1,5 +1,5 @@
 """Sharded weights (quartet.trainers.sharding): a policy sharded over 2 real processes (gloo, CPU) with torch's
-FSDP2 `fully_shard`, and with DeepSpeed ZeRO-3 where DeepSpeed is installed, gives the generation engine and the
+FSDP2 `fully_shard` (and FSDP1), and with DeepSpeed ZeRO-3 where DeepSpeed is installed, gives the generation engine and the
 saved model the full weights: the gathered state equals the one-process model's, the engine samples what the
 unsharded model samples with the same seeds, and the save is a plain HF model with those weights."""
 
@@ -55,14 +55,21 @@ def _fsdp2(n: int) -> list[str]:
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_fsdp2_sharded_policy_gives_full_weights_to_the_engine_and_the_save(tmp_path, lora):
+@pytest.mark.parametrize("fsdp", ["fsdp2", "fsdp1"])
+def test_fsdp_sharded_policy_gives_full_weights_to_the_engine_and_the_save(tmp_path, lora, fsdp):
+    """FSDP2 (`fully_shard`) and FSDP1 (`FullyShardedDataParallel(device_id=cpu)`, per decoder layer)."""
     extra = ["lora"] if lora else []
     (one,) = _drive(tmp_path / "one", [sys.executable], *extra)
-    two = _drive(tmp_path / "two", _fsdp2(2), *extra)
+    two = _drive(tmp_path / "two", _fsdp2(2), *extra, *(["fsdp1"] if fsdp == "fsdp1" else []))
     assert len(two) == 2
-    # the weights really were sharded, and the trainer's old sync (the unwrapped module's own tensors) fails
-    assert set(two[0]["local"].values()) == {"DTensor"}
-    assert two[0]["naive"].startswith("RuntimeError"), two[0]["naive"]
+    # the weights really were sharded, and (FSDP2) the trainer's old sync from the unwrapped module's own
+    # tensors fails on the shards
+    if fsdp == "fsdp2":
+        assert set(two[0]["local"].values()) == {"DTensor"}
+        assert two[0]["naive"].startswith("RuntimeError"), two[0]["naive"]
+    else:  # each process's flat parameters hold about half of the weights
+        held = sum(torch.Size(s).numel() for s in two[0]["local"].values())
+        assert held < 0.6 * sum(v.numel() for v in one["full"].values())
     for rank in two:
         # (a) every process gathers the full weights, equal to the one-process model's after the same update
         assert set(rank["full"]) == set(one["full"])

@@ -49,7 +49,7 @@ def merged_state_dict(actor: torch.nn.Module, state: dict[str, torch.Tensor] | N
     prefix = "base_model.model."  # a PeftModel's keys are its base model's under this prefix
     base_state = base.state_dict() if state is None else {k.removeprefix(prefix): v for k, v in state.items()}
     merged: dict[str, torch.Tensor] = {}
-    lora_layers = {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+    lora_layers = {_unwrapped_name(name): m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
     for key, value in base_state.items():
         if "lora_" in key:
             continue
@@ -65,6 +65,13 @@ def merged_state_dict(actor: torch.nn.Module, state: dict[str, torch.Tensor] | N
                 delta = _lora_delta(layer, name, base_state)
             merged[f"{name}.weight"] = weight + delta if isinstance(delta, torch.Tensor) else weight
     return merged
+
+
+def _unwrapped_name(name: str) -> str:
+    """A module's name without the segments FSDP1 and activation checkpointing insert (state-dict keys have none)."""
+    for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module."):
+        name = name.replace(wrapper, "")
+    return name
 
 
 def _lora_delta(layer, name: str, state: dict[str, torch.Tensor]):

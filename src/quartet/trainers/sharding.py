@@ -86,7 +86,10 @@ def full_state_dict(model: torch.nn.Module, everywhere: bool = True) -> dict[str
     if kind == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
+        # cpu_offload also means "main process only"; with CPU weights there is nothing to offload (and FSDP1's
+        # main-only gather of CPU weights crashes the main process with SIGSEGV in torch 2.13), so all get them
+        on_gpu = next(model.parameters()).device.type != "cpu"
+        options = StateDictOptions(full_state_dict=True, cpu_offload=on_gpu and not everywhere)
         state = get_model_state_dict(model, options=options)
         return {k: v.detach() for k, v in state.items()}
     return _zero3_state_dict(model, everywhere)
