@@ -7,6 +7,7 @@ with full weights: the gather, the engine sync, the final save. For tests/distri
                                                   (DeepSpeed ZeRO-3 instead of FSDP2; needs deepspeed)
     accelerate launch ... shard_driver.py ppo OUT.pt [key=value ...]      (mp_driver's PPO steps, policy sharded)
     accelerate launch ... shard_driver.py ppo-run OUT.pt [key=value ...]  (a whole sharded PPO run)
+    accelerate launch ... shard_driver.py sft OUT.pt [key=value ...]      (mp_driver's SFT steps, model sharded)
 
 accelerate does not apply FSDP on CPU (its FSDP plugin is for GPU-class devices), so the sharding is applied here
 by hand, as accelerate's FSDP2 `prepare` would: each decoder layer, then the root module. Every process feeds
@@ -128,17 +129,19 @@ def shard_on_prepare() -> None:
     def sharding_accelerator(*args, **kwargs):
         accelerator = make_accelerator(*args, **kwargs)
 
-        def shard(policy, optimizer, scheduler):
-            before = dict(policy.named_parameters())
+        def shard(model, optimizer, *rest):  # (policy, optimizer, scheduler) or (model, optimizer, loader, scheduler)
+            before = dict(model.named_parameters())
             mesh = init_device_mesh("cpu", (accelerator.num_processes,))
-            for layer in policy.actor.model.layers:
+            for layer in (model.actor if hasattr(model, "actor") else model).model.layers:
                 fully_shard(layer, mesh=mesh)
-            fully_shard(policy, mesh=mesh)
-            after = {id(before[n]): p for n, p in policy.named_parameters()}  # new (DTensor) parameters
+            fully_shard(model, mesh=mesh)
+            after = {id(before[n]): p for n, p in model.named_parameters()}  # new (DTensor) parameters
             for group in optimizer.param_groups:
                 group["params"] = [after[id(p)] for p in group["params"]]
             optimizer = accelerator.prepare_optimizer(optimizer)  # accelerate's wrappers, as prepare gives them
-            return policy, optimizer, accelerator.prepare_scheduler(scheduler)
+            rest = [accelerator.prepare_data_loader(x) if isinstance(x, torch.utils.data.DataLoader)
+                    else accelerator.prepare_scheduler(x) for x in rest]
+            return model, optimizer, *rest
 
         accelerator.prepare = shard
         return accelerator
@@ -152,6 +155,14 @@ def ppo_fsdp2(out: Path, overrides: list[str]) -> None:
 
     shard_on_prepare()
     mp_driver.ppo(out, overrides)
+
+
+def sft_fsdp2(out: Path, overrides: list[str]) -> None:
+    """mp_driver's two SFT steps on sharded weights; what it records is the saved model (gathered)."""
+    import mp_driver
+
+    shard_on_prepare()
+    mp_driver.sft(out, overrides)
 
 
 def ppo_run(out: Path, overrides: list[str]) -> None:
@@ -181,9 +192,9 @@ def ppo_run(out: Path, overrides: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] in ("ppo", "ppo-run"):
+    if sys.argv[1] in ("ppo", "ppo-run", "sft"):
         torch.set_num_threads(1)
         sys.path.insert(0, str(Path(__file__).parent))
-        {"ppo": ppo_fsdp2, "ppo-run": ppo_run}[sys.argv[1]](Path(sys.argv[2]), sys.argv[3:])
+        {"ppo": ppo_fsdp2, "ppo-run": ppo_run, "sft": sft_fsdp2}[sys.argv[1]](Path(sys.argv[2]), sys.argv[3:])
         sys.exit(0)
     main(Path(sys.argv[1]), lora="lora" in sys.argv[2:], zero3="zero3" in sys.argv[2:], fsdp1="fsdp1" in sys.argv[2:])

@@ -251,3 +251,26 @@ def test_a_whole_sharded_ppo_run_saves_the_gathered_model_and_refuses_what_it_ca
     assert not (run / "checkpoints").exists()
     assert results["critic"]["error"].startswith("ConfigError: ppo under FSDP: a critic")
     assert not (tmp_path / "critic" / "run").exists()
+
+
+def test_sft_on_fsdp2_sharded_weights_saves_the_model_one_process_trains(tmp_path):
+    """mp_driver's two SFT steps (2 processes x 4 rows x 2 micro-batches against 1 x 8 x 2) with the model under
+    FSDP2: what it records is the saved model dir, written from the gathered weights."""
+    from test_processes import _close_metrics
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{HERE.parent / 'trainers'}"}
+    out = []
+    for n, launcher, driver in ((1, [sys.executable], HERE / "mp_driver.py"), (2, _fsdp2(2), DRIVER)):
+        path = tmp_path / f"p{n}" / "out.pt"
+        path.parent.mkdir()
+        proc = subprocess.run([*launcher, str(driver), "sft", str(path)], capture_output=True, text=True,
+                              timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        out.append(torch.load(path))
+    a, b = out
+    assert a["steps"] == b["steps"] == [1, 2]
+    for ma, mb in zip(a["metrics"], b["metrics"]):
+        _close_metrics(ma, mb)
+    assert set(a["weights"]) == set(b["weights"])
+    for name, w in a["weights"].items():  # the tolerance of test_processes.py's SFT test (measured 1.1e-7)
+        assert torch.allclose(w.float(), b["weights"][name].float(), atol=1e-5), name
