@@ -143,13 +143,14 @@ def test_unsharded_models_are_left_alone():
     assert sharding.sub_state({"actor.a": 1, "critic.b": 2}, "actor.") == {"a": 1}
 
 
-def test_lora_merge_from_gathered_state_equals_peft_merge():
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])  # gpt2: Conv1D layers, LoRA with fan_in_fan_out
+def test_lora_merge_from_gathered_state_equals_peft_merge(arch):
     """The sharded path merges LoRA from the gathered tensors; it must equal peft's own merge."""
     from quartet.config import LoraConfig
     from quartet.models import apply_lora, load_causal_lm, merged_copy
     from quartet.rollout.engine import merged_state_dict
 
-    base, _ = load_causal_lm("tiny:llama?hidden=32&layers=1&heads=4&vocab=260", torch.float32)
+    base, _ = load_causal_lm(f"tiny:{arch}?hidden=32&layers=1&heads=4&vocab=260", torch.float32)
     actor = apply_lora(base, LoraConfig(enabled=True, r=4, alpha=8))
     with torch.no_grad():  # B starts at zero; give the adapters a delta
         for name, p in actor.named_parameters():
@@ -161,8 +162,9 @@ def test_lora_merge_from_gathered_state_equals_peft_merge():
     assert set(from_state) == set(peft_merge)
     for k, v in peft_merge.items():
         assert torch.equal(from_state[k], v), k
-    assert not torch.equal(from_state["model.layers.0.mlp.up_proj.weight"],
-                           state["base_model.model.model.layers.0.mlp.up_proj.base_layer.weight"])
+    adapted = [k for k in state if k.endswith(".base_layer.weight")]
+    assert adapted and all(not torch.equal(from_state[k.removeprefix("base_model.model.").replace(".base_layer", "")],
+                                           state[k]) for k in adapted)
     plain = sharding.plain_model(actor, state)  # what a sharded run saves
     for k, v in plain.state_dict().items():
         assert torch.equal(v, peft_merge[k]), k
@@ -274,3 +276,27 @@ def test_sft_on_fsdp2_sharded_weights_saves_the_model_one_process_trains(tmp_pat
     assert set(a["weights"]) == set(b["weights"])
     for name, w in a["weights"].items():  # the tolerance of test_processes.py's SFT test (measured 1.1e-7)
         assert torch.allclose(w.float(), b["weights"][name].float(), atol=1e-5), name
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_vllm_engine_weights_from_gathered_state_equal_its_own(lora):
+    """The vLLM engine's weight list built from a gathered state (sharded runs) equals the one it builds from the
+    module, the tied output layer included (vLLM itself is not needed to build the list)."""
+    from quartet.config import LoraConfig
+    from quartet.models import apply_lora, load_causal_lm
+    from quartet.rollout.vllm_engine import VLLMEngine
+
+    actor, _ = load_causal_lm("tiny:gpt2?hidden=32&layers=1&heads=4&vocab=260", torch.float32)
+    assert actor.config.tie_word_embeddings  # the output layer is the embedding: its own tensor for vLLM
+    if lora:
+        actor = apply_lora(actor, LoraConfig(enabled=True, r=4, alpha=8))
+        with torch.no_grad():
+            for name, p in actor.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.1)
+    engine = SimpleNamespace(dtype=torch.bfloat16)
+    own = dict(VLLMEngine._weights(engine, actor))
+    gathered = dict(VLLMEngine._weights(engine, actor, {k: v.clone() for k, v in actor.state_dict().items()}))
+    assert set(own) == set(gathered) and "lm_head.weight" in own
+    for k, v in own.items():
+        assert torch.equal(v, gathered[k]), k
