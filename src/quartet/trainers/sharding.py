@@ -18,13 +18,10 @@ the separate `adapter/` folder is not written.
 from __future__ import annotations
 
 import contextlib
-import logging
 
 import torch
 
 from quartet.errors import ConfigError
-
-log = logging.getLogger("quartet")
 
 
 def sharded(model: torch.nn.Module) -> str | None:
@@ -78,8 +75,8 @@ def full_state_dict(model: torch.nn.Module, everywhere: bool = True) -> dict[str
     """The full weights of a sharded `model` (the prepared one), keyed as the unwrapped module's state_dict.
 
     Collective: every process must call it. `everywhere`: every process gets the tensors (the engine samples on
-    every process); otherwise only the main process does, the others get {} (a save). None when `model` is not
-    sharded: the caller then reads the module itself."""
+    every process); otherwise (a save) only the main process needs them, and the others may get {} (FSDP on
+    GPUs, ZeRO-3). None when `model` is not sharded: the caller then reads the module itself."""
     kind = sharded(model)
     if kind is None:
         return None
