@@ -133,7 +133,8 @@ def shard_on_prepare() -> None:
         def shard(model, optimizer, *rest):  # (policy, optimizer, scheduler) or (model, optimizer, loader, scheduler)
             before = dict(model.named_parameters())
             mesh = init_device_mesh("cpu", (accelerator.num_processes,))
-            for layer in (model.actor if hasattr(model, "actor") else model).model.layers:
+            net = model.actor if hasattr(model, "actor") else model
+            for layer in (net.get_base_model() if hasattr(net, "get_base_model") else net).model.layers:
                 fully_shard(layer, mesh=mesh)
             fully_shard(model, mesh=mesh)
             after = {id(before[n]): p for n, p in model.named_parameters()}  # new (DTensor) parameters

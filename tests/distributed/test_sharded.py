@@ -228,14 +228,15 @@ def test_the_ppo_trainer_on_fsdp2_sharded_weights_equals_one_process(tmp_path):
 def test_a_whole_sharded_ppo_run_saves_the_gathered_model_and_refuses_what_it_cannot_do(tmp_path):
     """`train` with the trainer told it is sharded (as under accelerate's FSDP): the final model dir is a plain HF
     model equal to the gathered weights, one metrics line per iteration, no checkpoint copies of shards; a critic
-    is refused at start-up with one error and no output."""
+    is refused at start-up with one error and no output; with LoRA the saved model is the merged one."""
     from transformers import AutoModelForCausalLM
 
     from quartet.models import load_causal_lm
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{HERE.parent / 'trainers'}"}
     results = {}
-    for name, extra in (("ok", []), ("critic", ["critic=shared", "advantage=gae", "samples_per_prompt=1"])):
+    for name, extra in (("ok", []), ("critic", ["critic=shared", "advantage=gae", "samples_per_prompt=1"]),
+                        ("lora", ["lora.enabled=true", "lora.r=4"])):
         out = tmp_path / name / "out.pt"
         out.parent.mkdir()
         proc = subprocess.run([*_fsdp2(2), str(DRIVER), "ppo-run", str(out), *extra], capture_output=True, text=True,
@@ -253,6 +254,11 @@ def test_a_whole_sharded_ppo_run_saves_the_gathered_model_and_refuses_what_it_ca
     assert not (run / "checkpoints").exists()
     assert results["critic"]["error"].startswith("ConfigError: ppo under FSDP: a critic")
     assert not (tmp_path / "critic" / "run").exists()
+    # LoRA: the saved model is merged: the adapted linear layers moved, everything else is the initial base
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "run" / "model").state_dict()
+    adapted = {k for k in merged if k.endswith("_proj.weight")}
+    assert adapted and all(not torch.equal(merged[k], initial[k]) for k in adapted)
+    assert all(torch.equal(merged[k], initial[k]) for k in merged if k not in adapted)
 
 
 def test_sft_on_fsdp2_sharded_weights_saves_the_model_one_process_trains(tmp_path):
