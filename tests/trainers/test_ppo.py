@@ -179,3 +179,25 @@ def test_reward_hacking_is_flagged_and_stop_on_ends_the_run(tmp_path):
     findings = [json.loads(line) for line in (result.run_dir / "findings.jsonl").read_text().splitlines()]
     assert "reward_hacking_repetition" in {f["rule"] for f in findings}
     assert (result.run_dir / "model" / "model.safetensors").is_file()
+
+
+def test_one_backward_per_role_gives_the_joint_backwards_gradients(tmp_path):
+    """A separate critic on one process back-propagates the actor's loss and then the critic's (less memory
+    at the peak); the update must be the one a single backward of the summed loss makes."""
+    runs = {}
+    for split in (True, False):
+        trainer = PPOTrainer(make_cfg(tmp_path / str(split), iterations=2, critic="separate", reference=TINY),
+                             progress=False)
+        assert trainer.split_backward
+        trainer.split_backward = split
+        before = _params(trainer.model)
+        metrics = trainer.step(1)
+        runs[split] = (before, _params(trainer.model), metrics)
+    (b1, a1, m1), (b0, a0, m0) = runs[True], runs[False]
+    assert all(torch.equal(b1[n], b0[n]) for n in b1)
+    changed = {n.split(".")[0] for n in a1 if not torch.equal(a1[n], b1[n])}
+    assert changed == {"actor", "critic"}  # both roles were updated
+    for n in a1:
+        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-6)
+    for key in ("policy/loss", "value/loss", "policy/clipfrac", "optim/grad_norm"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key

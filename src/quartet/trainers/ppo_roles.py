@@ -44,18 +44,24 @@ class PolicyModel(nn.Module):
         self.shared_critic = shared_critic and critic is not None
         self.temperature = float(temperature)
 
-    def forward(self, ro: Rollout, with_entropy_grad: bool = False):
+    def forward(self, ro: Rollout, with_entropy_grad: bool = False, part: str = "both"):
+        """`part`: "both"; or, with a separate critic, "actor" (values None) or "critic" (log-probs and
+        entropy None), so each role's activations can be freed by its own backward before the other's forward."""
+        if part == "critic":
+            return None, None, self._separate_values(ro)
         logprobs, entropy, hidden = actor_logprobs(
             self.actor, ro, self.temperature, with_entropy_grad=with_entropy_grad, hidden=self.shared_critic
         )
         values = None
-        if self.critic is not None:
-            if self.shared_critic:
-                values = self.critic(hidden).float()  # V(s_t) before token t, from the actor's hidden state
-            else:
-                ids, mask, pos = _inputs(ro)
-                values = self.critic(ids, mask, pos)[:, ro.prompt_ids.shape[1] - 1 : -1].float()
+        if self.shared_critic:
+            values = self.critic(hidden).float()  # V(s_t) before token t, from the actor's hidden state
+        elif self.critic is not None and part == "both":
+            values = self._separate_values(ro)
         return logprobs, entropy, values
+
+    def _separate_values(self, ro: Rollout) -> torch.Tensor:
+        ids, mask, pos = _inputs(ro)
+        return self.critic(ids, mask, pos)[:, ro.prompt_ids.shape[1] - 1 : -1].float()
 
 
 @dataclass
