@@ -257,3 +257,9 @@ def test_no_false_alarm_on_the_demo_run():
     records = read_metrics(Path(__file__).parent / "data" / "demo_ppo_metrics.jsonl")
     assert len(records) == 16 and records[-1]["objective/gold"] > records[0]["objective/gold"] + 0.3
     assert diagnose(records) == []
+    # the on-task recipe of issue 15 (relevance-gated labels, EOS penalty, reward normalisation): gold 0.23 ->
+    # 0.61 and relevance 0.24 -> 0.42 in the rollouts, explained variance 0.11 at the end
+    records = read_metrics(Path(__file__).parent / "data" / "demo_ppo_metrics_on_task.jsonl")
+    assert len(records) == 16 and records[-1]["objective/gold"] > records[0]["objective/gold"] + 0.3
+    assert records[-1]["rollout/relevance"] > records[0]["rollout/relevance"]
+    assert diagnose(records) == []
