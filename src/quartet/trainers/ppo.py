@@ -223,7 +223,7 @@ class PPOTrainer:
         split = self.split_backward
         with self.accelerator.autocast():
             logprobs, entropy, values = self.model(mb, with_entropy_grad=cfg.entropy_coef > 0,
-                                                   **({"part": "actor"} if split else {}))
+                                                   part="actor" if split else "both")
         loss, part_stats = self._policy_loss(mb, beta, logprobs, entropy)
         stats.update(part_stats)
         if split:
