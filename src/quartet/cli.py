@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-new-tokens", type=int, default=48)
             p.add_argument("--temperature", type=float, default=0.7)
             p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
+                           help="what samples the responses: hf (exact, replayable here) or vllm (the vllm extra: "
+                                "one engine for all checkpoints, which must share one architecture)")
             p.add_argument("--out", required=True, help="output directory (eval/eval.json, samples)")
             p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         elif name in ("report", "doctor"):

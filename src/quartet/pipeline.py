@@ -52,6 +52,8 @@ class EvalStageConfig:
     seed: int = 0
     batch_size: int = 16
     """prompts decoded together (CPU decoding is memory-bound: a larger batch costs little more per step)"""
+    engine: str = "hf"
+    """what samples the responses: hf, or vllm (the vllm extra; see quartet.eval.evaluate)"""
 
     def validate(self, where: str = "eval") -> None:
         if self.num_prompts is not None:
@@ -59,6 +61,10 @@ class EvalStageConfig:
         _positive(self.max_new_tokens, f"{where}.max_new_tokens")
         _non_negative(self.temperature, f"{where}.temperature")  # 0 = greedy
         _positive(self.batch_size, f"{where}.batch_size")
+        from quartet.eval.evaluate import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ConfigError(f"{where}.engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
 
 
 @dataclass
@@ -333,6 +339,7 @@ def _evaluate(cfg: PipelineConfig, out: Path) -> None:
         temperature=cfg.eval.temperature,
         seed=cfg.eval.seed,
         batch_size=cfg.eval.batch_size,
+        engine=cfg.eval.engine,
         out=out / "eval",
     )
     names = {baseline: "SFT", **policies}

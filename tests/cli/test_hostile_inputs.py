@@ -91,6 +91,8 @@ CASES = [
          {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),
     Case("run-eval-temperature-negative", ["run", "pipe.yaml", "eval.temperature=-1"],
          ["eval.temperature: must be >= 0"], {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),
+    Case("run-eval-unknown-engine", ["run", "pipe.yaml", "eval.engine=sglang"],
+         ["eval.engine: must be one of hf, vllm, got 'sglang'"], {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),
     Case("run-eval-unknown-split", ["run", "pipe.yaml", "eval.prompts=task:tiny-target/test"],
          ["eval.prompts: task:tiny-target/test: unknown split (choose from train, eval)"],
          {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),

@@ -1,5 +1,6 @@
 """quartet eval on tiny random models: reproducible, exact KL, fair win rate, clean failures."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from quartet.data import encode_prompts, left_pad
-from quartet.errors import ModelError
+from quartet.errors import ConfigError, ModelError
 from quartet.eval.evaluate import (
     evaluate,
     format_samples,
@@ -168,6 +169,18 @@ def test_bad_checkpoint_name_is_one_line_error_and_writes_nothing(tmp_path):
         evaluate([TINY, str(tmp_path / "no-such-model")], out=out, **FAST)
     assert "no-such-model" in str(e.value) and "\n" not in str(e.value)
     assert not out.exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_engine_vllm_without_vllm_is_one_line_error_before_sampling(tmp_path):
+    """(With vllm, eval's engine is tested against the real one in tests/rollout/vllm_suite.py.)"""
+    out = tmp_path / "eval"
+    bad = _cli(TINY, "--prompts", PROMPTS, "--num-prompts", "2", "--engine", "vllm", "--out", str(out))
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.startswith("error: eval: --engine vllm needs the vllm package") and "make vllm" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and not out.exists()
+    with pytest.raises(ConfigError, match="engine: must be one of hf, vllm, got 'sglang'"):
+        evaluate([TINY], engine="sglang", **FAST)
 
 
 def _cli(*args):

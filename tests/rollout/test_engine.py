@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from quartet.config import GenerationConfig, LoraConfig
@@ -82,3 +83,22 @@ def test_each_sample_has_its_own_random_stream():
     assert other.responses != whole.responses
     # the two samples of one prompt differ (their own streams), though they share the prompt's prefill
     assert sum(whole.responses[2 * i] != whole.responses[2 * i + 1] for i in range(8)) >= 6
+
+
+def test_explicit_seeds_pick_each_rows_stream():
+    """`seeds=` names each output row's seed (quartet eval's per-(prompt, sample) seeds): the same rows as the
+    derived seeds they equal, in any batch split; a wrong count is refused."""
+    from quartet.data import left_pad
+    from quartet.rollout.engine import sample_seed
+
+    model, tok = load_causal_lm(TINY)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=6, batch_size=2), dtype=torch.float32)
+    ids, mask = left_pad([[5, 6, 7], [9, 10], [11, 12, 13, 14]], tok.pad_token_id)
+    derived = engine.generate(ids, mask, seed=7, num_samples=2)
+    seeds = [sample_seed(7, j) for j in range(6)]
+    assert engine.generate(ids, mask, num_samples=2, seeds=seeds).responses == derived.responses
+    reversed_rows = engine.generate(ids.flip(0), mask.flip(0), num_samples=2,
+                                    seeds=[s for i in (2, 1, 0) for s in seeds[2 * i : 2 * i + 2]])
+    assert reversed_rows.responses == [r for i in (2, 1, 0) for r in derived.responses[2 * i : 2 * i + 2]]
+    with pytest.raises(ValueError, match="5 seeds for 6 output rows"):
+        engine.generate(ids, mask, num_samples=2, seeds=seeds[:5])

@@ -238,3 +238,100 @@ def test_ppo_with_the_vllm_engine_logs_the_gap_and_corrects_it(setup, tmp_path, 
     finally:
         engine.cfg = cfg
         engine.sync(model)
+
+
+def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypatch):
+    """`quartet eval --engine vllm`: one engine serves every checkpoint, each next one's weights reloaded into it;
+    each sample has its (prompt, sample) seed, so a checkpoint's responses do not depend on which checkpoint
+    started the engine or ran before it; a checkpoint of another architecture is refused with one line."""
+    from quartet.errors import ConfigError
+    from quartet.eval.evaluate import evaluate
+    from quartet.models import save_model
+    from quartet.rollout import engine as engine_module
+
+    model, tok, cfg, engine = setup
+    eos = tok.eos_token_id
+    early = copy.deepcopy(model)  # the same architecture, answers that end sooner
+    with torch.no_grad():
+        early.lm_head.weight[eos] = early.lm_head.weight[eos] + 0.6 * early.model.norm.weight.sign()
+    save_model(model, tok, tmp_path / "a")
+    save_model(early, tok, tmp_path / "b")
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    started = []
+
+    def shared_engine(actor, tokenizer, gen_cfg, dtype):  # the suite's engine stands in for a second start
+        assert gen_cfg.engine == "vllm" and gen_cfg.top_k == 0 and dtype == torch.bfloat16
+        started.append(gen_cfg)
+        engine.cfg, engine.tokenizer = gen_cfg, tokenizer
+        engine.sync(actor)
+        return engine
+
+    monkeypatch.setattr(engine_module, "make_engine", shared_engine)
+    kw = dict(prompts="task:tiny-target/eval", num_prompts=8, samples_per_prompt=4, max_new_tokens=12,
+              temperature=1.0, relevance=None, sample_dtype="bf16", engine="vllm")
+    try:
+        first = evaluate([a, b], **kw)
+        flipped = evaluate([b, a], baseline=a, **kw)  # the engine now starts from b; a's weights reloaded after
+        assert len(started) == 2  # one engine per eval, not one per checkpoint
+        for name in (a, b):
+            assert [r[name] for r in first.samples] == [r[name] for r in flipped.samples]
+        assert first.settings["engine"] == "vllm"
+        ra, rb = first.checkpoints[a], first.checkpoints[b]
+        report(test="eval", eos_rate_a=ra["eos_rate"], eos_rate_b=rb["eos_rate"], length_a=ra["length"]["mean"],
+               length_b=rb["length"]["mean"], kl_b=rb["kl"]["mean"])
+        assert rb["eos_rate"] > ra["eos_rate"] + 0.2 and rb["length"]["mean"] < ra["length"]["mean"]
+        assert ra["kl"]["mean"] == 0 and rb["kl"]["mean"] > 0
+        # the samples are seeded: another seed draws other responses
+        other = evaluate([a], **{**kw, "seed": 1})
+        assert [r[a] for r in other.samples] != [r[a] for r in first.samples]
+        wide, _ = load_causal_lm(TINY.replace("hidden=128", "hidden=64"))
+        save_model(wide, tok, tmp_path / "c")
+        with pytest.raises(ConfigError, match=r"must share one architecture: '.*c' differs from '.*a' in .*hidden_size"):
+            evaluate([a, str(tmp_path / "c")], **kw)
+    finally:
+        engine.cfg, engine.tokenizer = cfg, tok
+        engine.sync(model)
+
+
+def test_label_with_the_vllm_engine_writes_judged_pairs(setup, tmp_path, monkeypatch):
+    """`quartet label generation.engine=vllm`: K answers per prompt sampled by vLLM, judged, paired; the same seed
+    gives the same file."""
+    from quartet.config import DataConfig, LabelConfig
+    from quartet.data import load_preferences
+    from quartet.models import save_model
+    from quartet.trainers import label as label_module
+
+    model, tok, cfg, engine = setup
+    save_model(model, tok, tmp_path / "policy")
+    started = []
+
+    def shared_engine(actor, tokenizer, gen_cfg, dtype):
+        started.append(gen_cfg)
+        engine.cfg, engine.tokenizer = gen_cfg, tokenizer
+        engine.sync(actor)
+        return engine
+
+    monkeypatch.setattr(label_module, "make_engine", shared_engine)
+
+    def run(name):
+        return label_module.label(from_dict(LabelConfig, {
+            "policy": str(tmp_path / "policy"), "judge": "task:tiny-target", "num_samples": 4, "min_gap": 0.05,
+            "prompts": {"path": "task:tiny-target/train", "limit": 12, "max_prompt_tokens": 32},
+            "generation": {"max_new_tokens": 12, "batch_size": 24, "engine": "vllm"},
+            "output": str(tmp_path / name / "prefs.jsonl"),
+        }))
+
+    try:
+        result = run("a")
+        assert len(started) == 1 and started[0].engine == "vllm"
+        rows = [json.loads(line) for line in result.output.read_text().splitlines()]
+        report(test="label", pairs=result.counts.pairs, ties=result.counts.ties, samples=result.counts.samples,
+               duplicates=result.counts.duplicates)
+        assert result.counts.samples == 48 and len(rows) == result.counts.pairs > 0
+        for row in rows:
+            assert row["chosen_score"] > row["rejected_score"] + 0.05 and row["chosen"] != row["rejected"]
+        assert len(load_preferences(DataConfig(path=str(result.output)))) == len(rows)
+        assert run("b").output.read_text() == result.output.read_text()
+    finally:
+        engine.cfg, engine.tokenizer = cfg, tok
+        engine.sync(model)

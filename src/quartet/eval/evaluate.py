@@ -25,6 +25,12 @@ Sampling. Sample j of prompt i is drawn by inverse-CDF from uniforms of its own 
 ``sample_seed(seed, i, j)``: it depends on the model, the prompt and that seed only, not on batching or on
 which other prompts and checkpoints run, so two checkpoints see the same random numbers (a paired
 comparison) and a sample from ``samples.jsonl`` is replayed by :func:`sample_responses` on its prompt alone.
+``engine: vllm`` samples with vLLM instead (quartet.rollout.vllm_engine, an optional extra): one engine is
+started from the first checkpoint and each next checkpoint's weights are reloaded into it, so the checkpoints
+must share one architecture; vLLM draws sample j of prompt i from its own generator seeded with the same
+``sample_seed(seed, i, j)`` (its own sampler, so its responses are not the hf engine's, but every checkpoint
+still sees the same seeds), and a sample is replayed by the same vLLM version on its prompt with that seed.
+KL, scores and everything after sampling are computed the same way for both engines.
 Re-running gives bit-identical numbers with the same torch version and thread count (both are recorded in
 the settings): another thread count changes float reduction order, which can flip a sampled token.
 Logits are divided by ``temperature`` (0 = greedy); ``top_p`` < 1 samples from the nucleus only. Sampling
@@ -100,6 +106,9 @@ class EvalSettings:
     sample_dtype: str = "auto"
     """"auto", "bf16" or "fp32" weights for sampling (auto: bf16 where the hardware has it); log-probs are
     always float32"""
+    engine: str = "hf"
+    """what samples the responses: "hf" (the exact inverse-CDF sampler here) or "vllm" (the vLLM extra, one
+    engine for all checkpoints, their weights reloaded into it)"""
 
     def validate(self) -> None:
         # the config module's checks: a NaN or an infinity fails them too (`nan < 0` is False)
@@ -114,9 +123,12 @@ class EvalSettings:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         if self.sample_dtype not in (*DTYPES, "auto"):
             raise ConfigError(f"sample_dtype: must be one of auto, {', '.join(DTYPES)}, got {self.sample_dtype!r}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+ENGINES = ("hf", "vllm")
 
 
 def resolve_sample_dtype(name: str) -> str:
@@ -171,6 +183,7 @@ def evaluate(
     sample_dtype: str = "auto",
     overwrite: bool = False,
     relevance: str | None = "auto",
+    engine: str = "hf",
 ) -> EvalResult:
     """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
     :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
@@ -183,7 +196,7 @@ def evaluate(
         prompts=prompts, num_prompts=num_prompts, gold=gold, reward_model=reward_model, reference=reference,
         baseline=baseline, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
         samples_per_prompt=samples_per_prompt, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
-        sample_dtype=sample_dtype, relevance=relevance,
+        sample_dtype=sample_dtype, relevance=relevance, engine=engine,
     )  # fmt: skip
     s.validate()
     if not checkpoints:
@@ -203,6 +216,12 @@ def evaluate(
 
     for name in dict.fromkeys([*checkpoints, s.baseline, s.reference]):
         resolve_model(name)  # a bad name fails here, before minutes of sampling
+    if s.engine == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("eval: --engine vllm needs the vllm package; on a GPU `pip install 'quartet[vllm]'`, "
+                              "on a CPU `make vllm` and run from .venv-vllm")
     examples = load_prompts(DataConfig(path=s.prompts, limit=s.num_prompts))
     prompt_list = [ex.prompt for ex in examples]
     gold_fn = _load_gold(s.gold) if s.gold else None
@@ -219,6 +238,7 @@ def evaluate(
     if s.baseline not in checkpoints:
         to_run.insert(0, (baseline_name, s.baseline))
     timing = {"load_reference": time.perf_counter() - t0}
+    sampler = VLLMSampler(s) if s.engine == "vllm" else None
     for name, path in to_run:
         t0 = time.perf_counter()
         model, tok = models_by_path.get(path) or _load(path)
@@ -229,7 +249,7 @@ def evaluate(
                 f"'{path}' scores {_output_width(model)}; KL needs one vocabulary: give a reference of the same "
                 f"model family and size"
             )
-        runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s)
+        runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s, sampler, path)
         if path != s.reference:
             del model
         _score(runs[name], prompt_list, gold_fn, rm, relevance_fn)
@@ -267,6 +287,7 @@ def cli(args) -> int:
         out=args.out,
         overwrite=args.overwrite,
         relevance=_relevance_arg(getattr(args, "relevance", "auto")),
+        engine=getattr(args, "engine", "hf"),
     )
     print(format_table(result))
     print()
@@ -356,6 +377,51 @@ def pick_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
+class VLLMSampler:
+    """`engine: vllm`: one vLLM engine for every checkpoint of an eval, started from the first and given each
+    next one's weights by `sync` (a reload in memory, ~0.3 s, against ~40 s to start another engine)."""
+
+    def __init__(self, s: EvalSettings):
+        from quartet.config import GenerationConfig
+
+        self.s = s
+        # temperature 0 (greedy) is asked per call; top_k off: the full softmax, as the hf sampler here
+        self.cfg = GenerationConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature or 1.0,
+                                    top_p=s.top_p, top_k=0, engine="vllm")
+        self.engine = None
+        self.first: tuple[str, dict] | None = None  # (checkpoint, architecture) the engine was started with
+
+    def sample(self, model, tok, prompt_ids, prompt_mask, seeds: list[int], path: str) -> torch.Tensor:
+        """Response ids (B, R) for left-padded prompt rows, row b drawn with seed seeds[b]; pad after EOS."""
+        arch = _architecture(model)
+        if self.engine is None:
+            from quartet.rollout.engine import make_engine
+
+            self.engine = make_engine(model, tok, self.cfg, DTYPES[self.s.sample_dtype])
+            self.first = (path, arch)
+        else:
+            if arch != self.first[1]:
+                diff = sorted(k for k in arch.keys() | self.first[1].keys() if arch.get(k) != self.first[1].get(k))
+                raise ConfigError(
+                    f"eval: --engine vllm samples every checkpoint with one engine, so they must share one "
+                    f"architecture: '{path}' differs from '{self.first[0]}' in {', '.join(diff[:5])}; evaluate "
+                    f"them in separate runs or with --engine hf"
+                )
+            self.engine.tokenizer = tok
+            self.engine.sync(model)
+        ro = self.engine.generate(prompt_ids, prompt_mask, greedy=self.s.temperature == 0, seeds=seeds)
+        return ro.response_ids
+
+
+def _architecture(model) -> dict:
+    """The config entries that decide whether one model's weights load into another's engine."""
+    from quartet.rollout.engine import base_config
+
+    ignore = {"_name_or_path", "name_or_path", "torch_dtype", "dtype", "tie_word_embeddings", "transformers_version",
+              "architectures", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id"}
+    return {k: v for k, v in base_config(model).to_dict().items() if k not in ignore}
+
+
 # --------------------------------------------------------------------------- log-probs
 @torch.no_grad()
 def sequence_logprobs(
@@ -400,7 +466,8 @@ def _response_logits(model, input_ids, attention_mask, positions, R: int) -> tor
 
 
 # --------------------------------------------------------------------------- one checkpoint
-def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings) -> dict:
+def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings, vllm_sampler=None,
+                    path: str = "") -> dict:
     from quartet.data import encode_prompts, left_pad
 
     enc = encode_prompts(tok, prompt_list, s.max_prompt_tokens, "left", True)
@@ -410,12 +477,15 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings
     prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
     seeds = [sample_seed(s.seed, i, j) for i, j in rows]
 
-    sampler = model if s.sample_dtype == "fp32" else copy.deepcopy(model).to(DTYPES[s.sample_dtype])
-    response_ids = sample_responses(
-        sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-        top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,
-    )  # fmt: skip
-    del sampler
+    if vllm_sampler is not None:
+        response_ids = vllm_sampler.sample(model, tok, prompt_ids, prompt_mask, seeds, path)
+    else:
+        sampler = model if s.sample_dtype == "fp32" else copy.deepcopy(model).to(DTYPES[s.sample_dtype])
+        response_ids = sample_responses(
+            sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+            top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,
+        )  # fmt: skip
+        del sampler
     response_mask, eos = response_mask_from_ids(response_ids, tok.eos_token_id)
     lengths = response_mask.sum(dim=1)
     responses = [

@@ -25,12 +25,13 @@ class GenerationEngine(Protocol):
 
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
-        greedy: bool = False, sample_offset: int = 0,
+        greedy: bool = False, sample_offset: int = 0, seeds: list[int] | None = None,
     ) -> Rollout:
         """Sample `num_samples` responses per left-padded prompt row; row i's samples are rows
         i * num_samples ... (i + 1) * num_samples - 1 of the Rollout. Output row j is drawn from its own
         random stream, `sample_seed(seed, sample_offset + j)`, so a sample does not depend on which other
-        prompts share its batch or its process. `greedy`: the most likely response instead (ReMax's baseline)."""
+        prompts share its batch or its process; `seeds`: each output row's seed given explicitly instead.
+        `greedy`: the most likely response instead (ReMax's baseline)."""
 
 
 def merged_state_dict(actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -101,7 +102,7 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.cfg = gen_cfg
         self.dtype = dtype
-        config = _base_config(actor)
+        config = base_config(actor)
         with _no_init():
             self.model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         self.model.eval().requires_grad_(False)
@@ -143,10 +144,9 @@ class HFEngine:
     @torch.no_grad()
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
-        greedy: bool = False, sample_offset: int = 0,
+        greedy: bool = False, sample_offset: int = 0, seeds: list[int] | None = None,
     ) -> Rollout:
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,)).item())
+        seeds = row_seeds(seed, sample_offset, prompt_ids.shape[0] * num_samples, seeds)
         chunks = []
         per_call = max(1, self.cfg.batch_size // num_samples)  # prompts per generate call
         for start in range(0, prompt_ids.shape[0], per_call):
@@ -156,8 +156,8 @@ class HFEngine:
             if num_samples > 1 and ids.shape[1] > 1:
                 cache = self._shared_prefill(ids, mask, num_samples)
             ids, mask = ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0)
-            first = sample_offset + start * num_samples
-            processors = None if greedy else self._sampler([sample_seed(seed, first + j) for j in range(ids.shape[0])])
+            first = start * num_samples
+            processors = None if greedy else self._sampler(seeds[first : first + ids.shape[0]])
             out = self.model.generate(
                 input_ids=ids, attention_mask=mask, past_key_values=cache, generation_config=self.generation_config,
                 logits_processor=processors,
@@ -205,6 +205,17 @@ def make_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_i
     )
 
 
+def row_seeds(seed: int | None, sample_offset: int, rows: int, seeds: list[int] | None) -> list[int]:
+    """Each output row's seed: `seeds` when given (one per row), else `sample_seed(seed, sample_offset + j)`."""
+    if seeds is not None:
+        if len(seeds) != rows:
+            raise ValueError(f"generate: {len(seeds)} seeds for {rows} output rows")
+        return list(seeds)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    return [sample_seed(seed, sample_offset + j) for j in range(rows)]
+
+
 def sample_seed(seed: int, index: int) -> int:
     """The seed of sample `index` of a call seeded `seed`: a hash, so nearby pairs give unrelated streams."""
     digest = hashlib.blake2b(f"quartet-sample/{seed}/{index}".encode(), digest_size=8).digest()
@@ -225,7 +236,8 @@ class PerRowGumbel:
         return scores.double() + gumbel.to(scores.device)
 
 
-def _base_config(actor: torch.nn.Module):
+def base_config(actor: torch.nn.Module):
+    """The config of the plain model under a peft wrapper, without a quantization config (engines load bf16/fp32)."""
     model = actor.get_base_model() if hasattr(actor, "get_base_model") else actor
     config = model.config
     if getattr(config, "quantization_config", None) is not None:

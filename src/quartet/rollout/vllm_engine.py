@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from quartet.rollout.engine import _base_config, make_rollout, merged_state_dict, sample_seed
+from quartet.rollout.engine import base_config, make_rollout, merged_state_dict, row_seeds
 from quartet.rollout.record import Rollout
 
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE when unset: left alone vLLM reserves most free RAM beside the trainer
@@ -53,7 +53,7 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.cfg = gen_cfg
         self.dtype = dtype
-        config = copy.deepcopy(_base_config(actor))
+        config = copy.deepcopy(base_config(actor))
         # vLLM is given an untied copy (its own lm_head.weight): on the CPU backend a tied output layer keeps a
         # repacked copy of the embedding that `reload_weights` does not refresh, so it would go on sampling from
         # the starting embedding (measured on SmolLM2 after a sync: mean |log-prob gap| 2.1 nats, untied 0.03)
@@ -130,16 +130,14 @@ class VLLMEngine:
     @torch.no_grad()
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
-        greedy: bool = False, sample_offset: int = 0,
+        greedy: bool = False, sample_offset: int = 0, seeds: list[int] | None = None,
     ) -> Rollout:
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,)).item())
+        seeds = row_seeds(seed, sample_offset, prompt_ids.shape[0] * num_samples, seeds)
         prompts = [{"prompt_token_ids": ids[m.bool()].tolist()} for ids, m in zip(prompt_ids, prompt_mask)]
         # one request per sample (not n=num_samples) so that each draws from its own seed; vLLM's prefix cache
         # prefills a prompt once for its samples
         requests = [p for p in prompts for _ in range(num_samples)]
-        params = [self._params(None if greedy else sample_seed(seed, sample_offset + j), greedy)
-                  for j in range(len(requests))]
+        params = [self._params(None if greedy else sd, greedy) for sd in seeds]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logps = [[_sampled_logprob(step, t) for step, t in zip(o.outputs[0].logprobs or [], ids)]
