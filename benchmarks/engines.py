@@ -10,6 +10,16 @@ new batch shape); then PPO iterations run, the first one not counted. Responses 
 tokens/s counts the real response tokens. For vllm it also times the weight sync in memory (reload_weights
 from tensors, what the engine does) against the fallback through a bf16 safetensors file, and reports the
 trainer/engine log-prob gap that PPO logs (rollout/logprob_diff_mean).
+
+Learning, one command (`--learn`): the PPO stage of a finished `make demo` run, once per variant (default: engine
+hf and engine vllm, everything else the demo's), each from the demo's SFT model and reward model, then one
+`quartet eval` of SFT and every variant on the demo's eval prompts and settings, and a table: gold gain over SFT
+with its CI (and whether the CIs overlap), relevance, KL, the doctor's findings, seconds per iteration and the
+rollout's share. Finished variants are reused (--force re-runs them).
+
+    .venv-vllm/bin/python benchmarks/engines.py --learn runs/demo --out runs/engines-learn
+    .venv-vllm/bin/python benchmarks/engines.py --learn runs/demo --out runs/engines-learn \
+        --variant hf=generation.engine=hf --variant vllm-tis=generation.engine=vllm,tis_cap=2.0
 """
 
 from __future__ import annotations
@@ -114,6 +124,72 @@ def _file_sync(engine, actor) -> dict:
         return {"file_sync_error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
 
 
+def learn(args) -> None:
+    """--learn: the demo's PPO stage per variant, one eval over all of them, a table (see the docstring)."""
+    demo, out = Path(args.learn), Path(args.out)
+    config = demo / "ppo" / "config.yaml"
+    if not config.is_file() or not (demo / "pipeline.yaml").is_file():
+        sys.exit(f"error: --learn {demo}: not a finished `make demo` run (no ppo/config.yaml or pipeline.yaml)")
+    import yaml
+
+    pipeline = yaml.safe_load((demo / "pipeline.yaml").read_text())
+    ppo = yaml.safe_load(config.read_text())
+    variants = dict(v.split("=", 1) for v in (args.variant or ["hf=generation.engine=hf", "vllm=generation.engine=vllm"]))
+    quartet = [sys.executable, "-m", "quartet.cli"]
+    out.mkdir(parents=True, exist_ok=True)
+    wall = {}
+    for name, overrides in variants.items():
+        run = out / name
+        if (run / "model").is_dir() and not args.force:
+            print(f"{name}: reusing {run}", flush=True)
+            continue
+        cmd = [*quartet, "ppo", "-c", str(config), f"output_dir={run}", *overrides.split(","),
+               *(["--overwrite"] if run.exists() else [])]
+        print("$", " ".join(cmd), flush=True)
+        t = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        wall[name] = time.perf_counter() - t
+    ev = pipeline.get("eval", {})
+    models = [str(out / name / "model") for name in variants]
+    cmd = [*quartet, "eval", ppo["policy"], *models, "--reward-model", ppo["reward"],
+           "--prompts", ev.get("prompts") or "task:positive-review/eval", "--num-prompts", str(ev.get("num_prompts", 64)),
+           "--max-new-tokens", str(ev.get("max_new_tokens", 48)), "--temperature", str(ev.get("temperature", 0.7)),
+           "--seed", str(ev.get("seed", 0)), "--out", str(out / "eval"), "--overwrite"]
+    print("$", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    result = json.loads((out / "eval" / "eval.json").read_text())["checkpoints"]
+    print(f"\nPPO stage of {demo} per variant, then one eval (64 prompts, the demo's settings); "
+          f"gold gain = paired difference to SFT with its 95% CI")
+    print(f"{'variant':10} {'gold gain [95% CI]':>26} {'relevance':>10} {'KL end':>7} {'KL max':>7} "
+          f"{'entropy end':>11} {'s/iter':>7} {'generate s':>10} {'gap mean':>9}  findings")
+    gains = {}
+    for name, model in zip(variants, models):
+        r = result[model]
+        gains[name] = g = r["score_diff"]
+        rows = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()]
+        kl = [m["objective/kl"] for m in rows if "objective/kl" in m]
+        it = [m["timing/total"] for m in rows[1:] if "timing/total" in m]
+        gen = [m["timing/generate"] for m in rows[1:] if "timing/generate" in m]
+        gap = [m["rollout/logprob_diff_mean"] for m in rows if "rollout/logprob_diff_mean" in m]
+        findings = out / name / "findings.jsonl"
+        rules = [json.loads(line)["rule"] for line in findings.read_text().splitlines()] if findings.is_file() else []
+        print(f"{name:10} {g['mean']:+8.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}]{'':1} {r['relevance']['mean']:10.3f} "
+              f"{kl[-1]:7.2f} {max(kl):7.2f} {rows[-1].get('policy/entropy', float('nan')):11.2f} "
+              f"{statistics.mean(it) if it else float('nan'):7.1f} {statistics.mean(gen) if gen else float('nan'):10.1f} "
+              f"{(f'{statistics.mean(gap):.4f}' if gap else '-'):>9}  {', '.join(rules) or 'none'}")
+    sft = result[ppo["policy"]]
+    print(f"{'SFT':10} {'':>26} {sft['relevance']['mean']:10.3f}")
+    names = list(gains)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            overlap = gains[a]["lo"] <= gains[b]["hi"] and gains[b]["lo"] <= gains[a]["hi"]
+            print(f"gold gain CIs of {a} and {b} {'overlap' if overlap else 'do NOT overlap'}")
+    import torch
+
+    print(f"threads {torch.get_num_threads()}; wall s per PPO run (this call): "
+          + (", ".join(f"{k} {v:.0f}" for k, v in wall.items()) or "all reused"))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", default="hf,vllm")
@@ -126,8 +202,16 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--calls", type=int, default=3, help="timed rollouts of the same prompts (first = warm-up)")
     p.add_argument("--iterations", type=int, default=2, help="timed PPO iterations (after one warm-up)")
+    p.add_argument("--learn", metavar="DEMO_RUN", help="learning comparison from a finished `make demo` run")
+    p.add_argument("--out", default="runs/engines-learn", help="--learn: where the variants and the eval go")
+    p.add_argument("--variant", action="append", metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                   help="--learn: a PPO variant as config overrides (repeatable; default hf and vllm)")
+    p.add_argument("--force", action="store_true", help="--learn: re-run variants that already finished")
     args = p.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
+    if args.learn:
+        learn(args)
+        return
     if args.engine:
         print("RESULT " + json.dumps(run_one(args)), flush=True)
         return

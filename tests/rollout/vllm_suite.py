@@ -335,3 +335,56 @@ def test_label_with_the_vllm_engine_writes_judged_pairs(setup, tmp_path, monkeyp
     finally:
         engine.cfg, engine.tokenizer = cfg, tok
         engine.sync(model)
+
+
+def test_two_processes_each_with_its_vllm_engine_equal_one(setup, tmp_path, monkeypatch):
+    """`accelerate launch` with generation.engine: vllm: each process starts its own engine and samples its share of
+    the rows from their global seeds; 2 processes x 8 prompts draw the responses 1 process x 16 draws and end at
+    the same weights (the hf engine's version of this is tests/distributed/test_processes.py). The 1-process side
+    runs here on the suite's engine, the 2 processes are launched for real (gloo)."""
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from quartet.trainers import ppo as ppo_module
+
+    distributed = Path(__file__).resolve().parents[1] / "distributed"
+    sys.path.insert(0, str(distributed))
+    import mp_driver
+
+    model, tok, cfg, engine = setup
+
+    def shared_engine(actor, tokenizer, gen_cfg, dtype):
+        engine.cfg, engine.tokenizer = gen_cfg, tokenizer
+        engine.sync(actor)
+        return engine
+
+    monkeypatch.setattr(ppo_module, "make_engine", shared_engine)
+    # the suite engine's architecture (vLLM's CPU attention has no kernels for the driver's own head size of 8)
+    overrides = [f"policy={TINY.replace('seed=5', 'seed=1')}", "generation.engine=vllm"]
+    try:
+        (tmp_path / "p1").mkdir()
+        mp_driver.ppo(tmp_path / "p1" / "out.pt", overrides)
+    finally:
+        engine.cfg, engine.tokenizer = cfg, tok
+        engine.sync(model)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    (tmp_path / "p2").mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(distributed.parent / "trainers"),
+           "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "1", "--mixed_precision",
+         "no", "--dynamo_backend", "no", "--num_processes", "2", "--main_process_port", port,
+         str(distributed / "mp_driver.py"), "ppo", str(tmp_path / "p2" / "out.pt"), *overrides],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = (torch.load(tmp_path / p / "out.pt") for p in ("p1", "p2"))
+    for it in range(2):
+        assert torch.equal(one["response_ids"][it], two["response_ids"][it])
+        assert torch.allclose(one["advantages"][it], two["advantages"][it], atol=1e-5)
+    worst = max(float((w - two["weights"][n]).abs().max()) for n, w in one["weights"].items())
+    report(test="two_processes", max_weight_diff=worst)
+    assert worst < 1e-4  # the bound tests/distributed/test_processes.py explains (Adam on float noise)
