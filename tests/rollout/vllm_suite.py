@@ -388,3 +388,25 @@ def test_two_processes_each_with_its_vllm_engine_equal_one(setup, tmp_path, monk
     worst = max(float((w - two["weights"][n]).abs().max()) for n, w in one["weights"].items())
     report(test="two_processes", max_weight_diff=worst)
     assert worst < 1e-4  # the bound tests/distributed/test_processes.py explains (Adam on float noise)
+
+
+def test_what_vllm_cannot_run_is_one_config_error(setup, monkeypatch):
+    """A prompt that does not fit the engine's context, and a model shape vLLM's CPU attention has no kernel for
+    (seen for real with head size 16: "Unsupported CPU attention configuration: head_dim=16 isa=2 ..."), each end
+    the run with one `error:` line instead of vLLM's traceback."""
+    from quartet.errors import ConfigError
+
+    model, tok, cfg, engine = setup
+    engine.cfg.max_new_tokens = 8
+    ids = torch.full((1, engine.max_model_len - 4), 40)
+    with pytest.raises(ConfigError, match=rf"a prompt of {ids.shape[1]} tokens plus max_new_tokens 8 exceeds the "
+                                          rf"engine's context of {engine.max_model_len} tokens"):
+        engine.generate(ids, torch.ones_like(ids), seed=0)
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0")
+
+    monkeypatch.setattr(engine.llm, "generate", unsupported)
+    ids = torch.tensor([PROMPT])
+    with pytest.raises(ConfigError, match=r"no kernel for this model's shape \(head_dim=16 .*\); use generation.engine: hf"):
+        engine.generate(ids, torch.ones_like(ids), seed=0)

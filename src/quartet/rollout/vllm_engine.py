@@ -85,6 +85,7 @@ class VLLMEngine:
                 "max_num_batched_tokens": max(max_model_len, 4096),
                 **llm_kwargs,
             }
+            self.max_model_len = kwargs["max_model_len"]
             with _keep_global_rng():
                 self.llm = vllm.LLM(model=folder, **kwargs)
         finally:
@@ -138,7 +139,24 @@ class VLLMEngine:
         # prefills a prompt once for its samples
         requests = [p for p in prompts for _ in range(num_samples)]
         params = [self._params(None if greedy else sd, greedy) for sd in seeds]
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        longest = max(len(p["prompt_token_ids"]) for p in prompts)
+        if longest + self.cfg.max_new_tokens > self.max_model_len:
+            from quartet.errors import ConfigError
+
+            raise ConfigError(
+                f"generation.engine: vllm: a prompt of {longest} tokens plus max_new_tokens "
+                f"{self.cfg.max_new_tokens} exceeds the engine's context of {self.max_model_len} tokens; shorten the "
+                f"prompts (max_prompt_tokens) or max_new_tokens"
+            )
+        try:
+            outputs = self.llm.generate(requests, params, use_tqdm=False)
+        except RuntimeError as e:
+            if "Unsupported CPU attention configuration" not in str(e):
+                raise
+            from quartet.errors import ConfigError
+
+            raise ConfigError(f"generation.engine: vllm: vLLM's CPU attention has no kernel for this model's shape "
+                              f"({str(e).split(':', 1)[-1].strip()}); use generation.engine: hf") from e
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logps = [[_sampled_logprob(step, t) for step, t in zip(o.outputs[0].logprobs or [], ids)]
                  for o, ids in zip(outputs, tokens)]
