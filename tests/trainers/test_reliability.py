@@ -270,6 +270,10 @@ def _quartet(out: Path, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _newest_checkpoint(run: Path) -> int:
+    return max((int(p.name.split("-")[-1]) for p in ckpt.list_checkpoints(run)), default=0)
+
+
 def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_metrics(tmp_path):
     t0 = time.monotonic()
     clean = _quartet(tmp_path / "clean")
@@ -277,23 +281,30 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_metrics(t
     duration = time.monotonic() - t0
     rng = random.Random(0)
     out = tmp_path / "killed"
-    kills, attempts = 0, 0
-    while attempts < 12:
-        attempts += 1
+    kills = 0
+    # five launches, whatever the machine's load: the first two are killed once they are under way (after their
+    # first new checkpoint, a random few milliseconds on: in an iteration or a checkpoint write), the next two at a
+    # random moment from start-up to the end of the clean run's time (or not, if they finish first), the last one
+    # runs to the end. (Deadlines alone missed whole runs, or killed every one, when the load changed.)
+    for launch in range(5):
         resume = ("--resume",) if ckpt.list_checkpoints(out) else ()
+        newest = _newest_checkpoint(out)
         proc = _quartet(out, *resume)
         start = time.monotonic()
-        # kill anywhere from start-up to the end (checkpoint writes included); the first two kills land
-        # in the second half of a run's time, once iterations and checkpoints are under way
-        deadline = start + duration * (rng.uniform(0.55, 0.95) if kills < 2 else rng.uniform(0.1, 0.95))
-        while proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if proc.poll() is None:
+        if launch < 2:
+            while proc.poll() is None and _newest_checkpoint(out) <= newest:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.05))
+        elif launch < 4:
+            deadline = start + duration * rng.uniform(0.1, 0.95)
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+        if launch < 4 and proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
             continue
-        assert proc.returncode == 0, proc.stderr.read()[-2000:]
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
         break
     assert kills >= 2 and (out / "model" / "model.safetensors").is_file()
     a, b = _steps(tmp_path / "clean"), _steps(out)
