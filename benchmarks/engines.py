@@ -14,8 +14,9 @@ trainer/engine log-prob gap that PPO logs (rollout/logprob_diff_mean).
 Learning, one command (`--learn`): the PPO stage of a finished `make demo` run, once per variant (default: engine
 hf and engine vllm, everything else the demo's), each from the demo's SFT model and reward model, then one
 `quartet eval` of SFT and every variant on the demo's eval prompts and settings, and a table: gold gain over SFT
-with its CI (and whether the CIs overlap), relevance, KL, the doctor's findings, seconds per iteration and the
-rollout's share. Finished variants are reused (--force re-runs them).
+with its CI (and whether the CIs overlap), relevance, KL, entropy, the critic's explained variance (mean of the
+last 4 iterations), the doctor's findings, seconds per iteration and the rollout's share. Finished variants are
+reused (--force re-runs them).
 
     .venv-vllm/bin/python benchmarks/engines.py --learn runs/demo --out runs/engines-learn
     .venv-vllm/bin/python benchmarks/engines.py --learn runs/demo --out runs/engines-learn \
@@ -161,7 +162,7 @@ def learn(args) -> None:
     print(f"\nPPO stage of {demo} per variant, then one eval (64 prompts, the demo's settings); "
           f"gold gain = paired difference to SFT with its 95% CI")
     print(f"{'variant':10} {'gold gain [95% CI]':>26} {'relevance':>10} {'KL end':>7} {'KL max':>7} "
-          f"{'entropy end':>11} {'s/iter':>7} {'generate s':>10} {'gap mean':>9}  findings")
+          f"{'entropy end':>11} {'EV last 4':>9} {'s/iter':>7} {'generate s':>10} {'gap mean':>9}  findings")
     gains = {}
     for name, model in zip(variants, models):
         r = result[model]
@@ -171,10 +172,12 @@ def learn(args) -> None:
         it = [m["timing/total"] for m in rows[1:] if "timing/total" in m]
         gen = [m["timing/generate"] for m in rows[1:] if "timing/generate" in m]
         gap = [m["rollout/logprob_diff_mean"] for m in rows if "rollout/logprob_diff_mean" in m]
+        ev = [m["value/explained_variance"] for m in rows if "value/explained_variance" in m][-4:]
         findings = out / name / "findings.jsonl"
         rules = [json.loads(line)["rule"] for line in findings.read_text().splitlines()] if findings.is_file() else []
         print(f"{name:10} {g['mean']:+8.3f} [{g['lo']:+.3f}, {g['hi']:+.3f}]{'':1} {r['relevance']['mean']:10.3f} "
               f"{kl[-1]:7.2f} {max(kl):7.2f} {rows[-1].get('policy/entropy', float('nan')):11.2f} "
+              f"{statistics.mean(ev) if ev else float('nan'):9.3f} "
               f"{statistics.mean(it) if it else float('nan'):7.1f} {statistics.mean(gen) if gen else float('nan'):10.1f} "
               f"{(f'{statistics.mean(gap):.4f}' if gap else '-'):>9}  {', '.join(rules) or 'none'}")
     sft = result[ppo["policy"]]

@@ -457,6 +457,10 @@ class PPOConfig:
     """actor optimizer and schedule"""
     critic_lr: float | None = None
     """separate critic's learning rate (default: optim.lr)"""
+    critic_warmup: int = 0
+    """the first N iterations train only the critic (the actor's weights stay; with a shared critic only the
+    value head learns), so the values fit the starting policy's returns before advantages steer the actor
+    (veRL's critic_warmup, OpenRLHF's freezing_actor_steps); these iterations count in `iterations`"""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA actor with the adapter-disabled reference"""
     precision: Precision = "auto"
@@ -528,6 +532,13 @@ class PPOConfig:
             _positive(self.reward_clip, f"{where}.reward_clip")
         if self.critic_lr is not None:
             _positive(self.critic_lr, f"{where}.critic_lr")
+        _non_negative(self.critic_warmup, f"{where}.critic_warmup")
+        if self.critic_warmup and self.critic_kind == "none":
+            raise ConfigError(f"{where}.critic_warmup: {self.critic_warmup} iterations of critic-only training, but "
+                              f"this run has no critic (advantage: {self.advantage}); remove critic_warmup")
+        if self.critic_warmup >= self.iterations:
+            raise ConfigError(f"{where}.critic_warmup: {self.critic_warmup} must be below iterations "
+                              f"({self.iterations}), or the actor never trains")
         if self.tis_cap is not None:
             _positive(self.tis_cap, f"{where}.tis_cap")
             if self.generation.engine == "hf":

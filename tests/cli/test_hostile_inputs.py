@@ -76,6 +76,8 @@ CASES = [
     Case("ppo-eos-penalty-nan", [*PPO, "missing_eos_penalty=.nan"], ["missing_eos_penalty: must be a finite number"]),
     Case("ppo-lr-inf", [*PPO, "optim.lr=.inf"], ["optim.lr: must be a finite number, got inf"]),
     Case("ppo-critic-lr-negative", [*PPO, "critic_lr=-1"], ["ppo.critic_lr: must be > 0, got -1.0"]),
+    Case("ppo-critic-warmup-no-critic", [*PPO, "advantage=rloo", "samples_per_prompt=2", "critic_warmup=2"],
+         ["ppo.critic_warmup: 2 iterations of critic-only training, but this run has no critic"]),
     Case("ppo-reward-clip-zero", [*PPO, "reward_clip=0"], ["ppo.reward_clip: must be > 0, got 0.0"]),
     Case("eval-temperature-nan", ["eval", TINY, *EVAL, "--temperature", "nan"],
          ["temperature: must be a finite number, got nan"]),

@@ -9,7 +9,8 @@ import string
 import pytest
 import torch
 
-from quartet.config import PPOConfig, from_dict
+from quartet.config import PPOConfig, from_dict, validate
+from quartet.errors import ConfigError
 from quartet.trainers.ppo import PPOTrainer
 
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
@@ -124,6 +125,31 @@ def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp
     assert any(not torch.equal(lora0[n], named[n]) for n in lora0)
 
 
+@pytest.mark.parametrize("critic", ["shared", "separate"])
+def test_critic_warmup_trains_only_the_critic_first(tmp_path, critic):
+    cfg = make_cfg(tmp_path, iterations=3, critic=critic, critic_warmup=2, reference=TINY,
+                   **{"lora.enabled": critic == "shared", "lora.r": 4})
+    trainer = PPOTrainer(cfg, progress=False)
+    actor, value = trainer.roles.actor, trainer.roles.critic
+    trained = {n for n, p in actor.named_parameters() if p.requires_grad}
+    before = _params(actor), _params(value)
+    for it in (1, 2):
+        metrics = trainer.step(it)
+        assert metrics["optim/actor_frozen"] == 1.0
+        assert all(torch.equal(before[0][n], p) for n, p in actor.named_parameters()), f"actor moved at {it}"
+        assert any(not torch.equal(before[1][n], p) for n, p in value.named_parameters()), f"critic still at {it}"
+        assert all(math.isfinite(v) for v in metrics.values())
+    assert trainer.step(3)["optim/actor_frozen"] == 0.0
+    assert any(not torch.equal(before[0][n], p) for n, p in actor.named_parameters() if n in trained)
+
+
+def test_critic_warmup_needs_a_critic_and_actor_iterations(tmp_path):
+    with pytest.raises(ConfigError, match="critic_warmup: 1 iterations of critic-only training, but this run has no"):
+        validate(make_cfg(tmp_path, critic="none", advantage="grpo", samples_per_prompt=2, critic_warmup=1))
+    with pytest.raises(ConfigError, match=r"critic_warmup: 3 must be below iterations \(3\)"):
+        validate(make_cfg(tmp_path, critic_warmup=3))
+
+
 # ---------------------------------------------------------------------------- resume
 def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
     common = dict(iterations=4, save_every=2, critic="separate", reference=TINY, reward_norm=True, adaptive_kl=True)
@@ -160,8 +186,6 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
 def test_existing_run_needs_resume(tmp_path):
     cfg = make_cfg(tmp_path, iterations=1)
     PPOTrainer(cfg, progress=False).train()
-    from quartet.errors import ConfigError
-
     with pytest.raises(ConfigError, match="--resume"):
         PPOTrainer(cfg, progress=False)
 

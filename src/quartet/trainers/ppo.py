@@ -287,6 +287,9 @@ class PPOTrainer:
                 names = names or sorted(stats)
                 values = torch.stack([torch.as_tensor(stats[n], dtype=torch.float64) for n in names]) * float(share)
                 sums = values if sums is None else sums + values
+            if iteration <= cfg.critic_warmup:  # critic only: the actor's gradients go before the step
+                for param in self.optimizer.param_groups[0]["params"]:
+                    param.grad = None
             norm, stepped = self._clip_and_step()
             grad_norm += norm
             skipped += not stepped
@@ -294,7 +297,8 @@ class PPOTrainer:
         if world > 1:  # each process saw its own rows: the minibatch statistics are sums over all of them
             sums = self.accelerator.reduce(sums, "sum")
         stats = {n: float(v) / len(minibatches) for n, v in zip(names, sums)}
-        return {**stats, "optim/grad_norm": grad_norm / len(minibatches), "optim/skipped_steps": skipped}
+        return {**stats, "optim/grad_norm": grad_norm / len(minibatches), "optim/skipped_steps": skipped,
+                "optim/actor_frozen": float(iteration <= cfg.critic_warmup)}
 
     def _clip_and_step(self) -> tuple[float, bool]:
         """Clip, then step unless the gradient is not finite (that minibatch is skipped and counted)."""
