@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import math
+import os
 import random
 import tempfile
 import time
@@ -37,7 +38,14 @@ SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "
 # --------------------------------------------------------------------------- precision + accelerator
 @functools.cache
 def cpu_has_bf16() -> bool:
-    """True when the CPU multiplies bf16 natively (AVX-512 BF16 or AMX); otherwise bf16 autocast is slower."""
+    """True when the CPU multiplies bf16 natively (AVX-512 BF16 or AMX); otherwise bf16 autocast is slower.
+    QUARTET_CPU_BF16=0 or 1 overrides the detection (a VM that hides the flags; or running a recipe as it runs
+    on an AVX2-only CPU, in fp32)."""
+    override = os.environ.get("QUARTET_CPU_BF16")
+    if override is not None:
+        if override not in ("0", "1"):
+            raise ConfigError(f"QUARTET_CPU_BF16: must be 0 or 1, got {override!r}")
+        return override == "1"
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             flags = f.read()

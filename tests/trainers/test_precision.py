@@ -1,0 +1,38 @@
+"""precision: auto picks bf16 autocast only on a CPU that multiplies bf16 natively; QUARTET_CPU_BF16 overrides
+the detection (a VM hiding the flags, or a recipe run as an AVX2-only CPU runs it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quartet.errors import ConfigError
+from quartet.trainers import loop
+
+
+@pytest.fixture(autouse=True)
+def fresh_detection():
+    loop.cpu_has_bf16.cache_clear()
+    yield
+    loop.cpu_has_bf16.cache_clear()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto on a GPU follows the GPU")
+@pytest.mark.parametrize("flag, expected", [("0", "no"), ("1", "bf16")])
+def test_the_override_decides_auto(monkeypatch, flag, expected):
+    monkeypatch.setenv("QUARTET_CPU_BF16", flag)
+    assert loop.mixed_precision("auto") == expected
+    assert loop.generation_dtype("auto") == (torch.bfloat16 if flag == "1" else torch.float32)
+    assert loop.mixed_precision("fp32") == "no"  # an explicit precision is not overridden
+
+
+def test_without_the_override_auto_follows_the_cpu_flags(monkeypatch):
+    monkeypatch.delenv("QUARTET_CPU_BF16", raising=False)
+    flags = open("/proc/cpuinfo", encoding="utf-8").read()
+    assert loop.cpu_has_bf16() == ("avx512_bf16" in flags or "amx_bf16" in flags)
+
+
+def test_a_bad_override_is_one_config_error(monkeypatch):
+    monkeypatch.setenv("QUARTET_CPU_BF16", "yes")
+    with pytest.raises(ConfigError, match="QUARTET_CPU_BF16: must be 0 or 1, got 'yes'"):
+        loop.cpu_has_bf16()
