@@ -135,7 +135,7 @@ class PPOTrainer:
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})
-        optimizer = torch.optim.AdamW(groups, weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
+        optimizer = loop.adamw(groups, weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
         scheduler = loop.make_scheduler(optimizer, cfg.optim, cfg.iterations * cfg.updates_per_iteration,
                                         self.accelerator.num_processes)
         # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs
