@@ -2,21 +2,36 @@
 gold judge's peak; gold and proxy against sqrt(KL to the reference), the shape of Gao et al. (2022): the proxy
 keeps rising with distance from the reference, the gold score rises, peaks and falls.
 
-    # full size: the demo's SFT model against its reward model (the proxy), VADER as gold
+    # full size: the demo's SFT model against its reward model (the proxy); gold is the task's on-task judge
+    # (VADER gated by relevance, what the reward model's labels paid for), VADER and relevance logged beside it
     .venv/bin/python benchmarks/overoptimization.py --out runs/overopt --policy runs/demo/sft/model \\
-        --proxy runs/demo/rm/model --gold task:positive-review --prompts task:positive-review/train \\
-        --kl-coef 0.002 --iterations 150 --set lora.enabled=true --set lora.r=16 --set lora.alpha=32 \
-        --set optim.lr=3e-4 --set critic=shared --set rollout_batch_size=16 --set minibatch_size=8 \
-        --set micro_batch_size=8 --set generation.max_new_tokens=48
+        --proxy runs/demo/rm/model --gold task:positive-review/on-task --prompts task:positive-review/train \\
+        --kl-coef 0.002 --iterations 80 --set lora.enabled=true --set lora.r=16 --set lora.alpha=32 \\
+        --set optim.lr=3e-4 --set critic=shared --set rollout_batch_size=16 --set minibatch_size=8 \\
+        --set micro_batch_size=8 --set generation.max_new_tokens=48 \\
+        --set 'monitor_judges={relevance: task:positive-review/relevance, vader: task:positive-review}'
     # tiny (seconds): a random byte model on tiny-target, whose proxy also pays for capital letters A-D
     .venv/bin/python benchmarks/overoptimization.py --out /tmp/overopt --tiny
 
 Writes OUT/ppo (a PPO run whose metrics.jsonl logs objective/gold and objective/kl every iteration) and its
 report (OUT/ppo/report.html, whose curves include the gold-and-proxy-vs-sqrt(KL) plot), copies that plot to
 OUT/overoptimization.png and prints a JSON summary: gold and proxy at the start, at the gold peak (with its
-sqrt(KL)) and at the end, and whether the run went past the peak. Measured (tiny, OMP_NUM_THREADS=1, 2-core
-EPYC, seed 0): 60 iterations in 6 s; gold 0.058 -> 0.167 at sqrt(KL) 3.5 -> 0.016 at 6.8, while the proxy
-rose 0.07 -> 0.87 -> 1.92. Any PPOConfig field can be set with
+sqrt(KL)) and at the end, and whether the run went past the peak.
+
+Measured, full size (2-core AMD EPYC with AVX-512 BF16, bf16 autocast, 2 threads, nothing else running,
+2026-11-24; `make demo`'s SFT model and reward model): 80 iterations in 45 min (~34 s each). The proxy rose
+from -0.09 to 2.25 all the way; on-task gold rose from -0.40 to a peak of 0.44 (mean of 8 iterations) at
+sqrt(KL) 5.5 (iteration ~17, KL ~30 nats) and fell to 0.12 at sqrt(KL) 7.7 (`past_peak: true`), while VADER
+alone kept rising to 0.95-0.97 and relevance, 0.36 on average over the first 20 iterations, averaged 0.26 over
+the last 40: the answers converge on one positive template about a romantic comedy, whatever film the prompt
+opens ("This romantic comedy is perfect for bedtime stories and romantic evenings perfect for evenings,
+perfect for evenings!" for a fantasy film). The doctor saw it in order: `kl_blowup` (iteration 11),
+`overoptimization` (27: gold 0.56 below its peak while the score rose), `reward_hacking_repetition` (36),
+`off_task_drift` (49: relevance 0.35 -> 0.26) and `entropy_collapse` (80). The same run with VADER as gold
+(the same trajectory: the gold judge is never optimised; stopped at iteration 50) shows no peak: VADER gold
+0.23 -> 0.95-0.97 from iteration 22 on, flat, while the template took over: VADER cannot see the drift.
+Tiny (OMP_NUM_THREADS=1, same CPU, seed 0): 60 iterations in 6 s; gold 0.058 -> 0.167 at sqrt(KL) 3.5 -> 0.016
+at 6.8, while the proxy rose 0.07 -> 0.87 -> 1.92. Any PPOConfig field can be set with
 --set key=value (e.g. --set generation.max_new_tokens=32). Run with OMP_NUM_THREADS=1 on a shared CPU.
 """
 
