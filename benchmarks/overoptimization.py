@@ -21,7 +21,7 @@ sqrt(KL)) and at the end, and whether the run went past the peak.
 Measured, full size (2-core AMD EPYC with AVX-512 BF16, bf16 autocast, 2 threads, nothing else running,
 2026-11-24; `make demo`'s SFT model and reward model): 80 iterations in 45 min (~34 s each). The proxy rose
 from -0.09 to 2.25 all the way; on-task gold rose from -0.40 to a peak of 0.44 (mean of 8 iterations) at
-sqrt(KL) 5.5 (iteration ~17, KL ~30 nats) and fell to 0.12 at sqrt(KL) 7.7 (`past_peak: true`), while VADER
+sqrt(KL) 5.1 (iterations 13-20, KL ~26 nats) and fell to 0.12 at sqrt(KL) 7.7 (`past_peak: true`), while VADER
 alone kept rising to 0.95-0.97 and relevance, 0.36 on average over the first 20 iterations, averaged 0.26 over
 the last 40: the answers converge on one positive template about a romantic comedy, whatever film the prompt
 opens ("This romantic comedy is perfect for bedtime stories and romantic evenings perfect for evenings,
@@ -84,7 +84,8 @@ TINY = {
 
 
 def summarise(records: list[dict]) -> dict:
-    """Gold and proxy at the start, at the gold peak (means of k = max(1, n/10) neighbouring points) and at
+    """Gold and proxy at the start, at the gold peak (the middle of the best mean of k = max(1, n/10)
+    neighbouring points, with that mean and its mean sqrt(KL), where the report's plot marks the peak) and at
     the end, with sqrt(KL) at each; `past_peak`: the final k-point gold mean is below the peak by more than a
     quarter of the gain up to it."""
     from quartet.monitor.report import overoptimization_points
@@ -105,7 +106,8 @@ def summarise(records: list[dict]) -> dict:
     gain, fall = means[peak] - means[0], means[peak] - means[-1]
     return {
         "proxy_key": proxy_key, "points": n, "smoothing_k": k,
-        "start": at(0), "gold_peak": at(mid) | {"gold_mean_k": round(means[peak], 4)}, "end": at(n - 1),
+        "start": at(0), "gold_peak": at(mid) | {"gold_mean_k": round(means[peak], 4),
+                                              "sqrt_kl_mean_k": round(sum(xs[peak : peak + k]) / k, 4)}, "end": at(n - 1),
         "gold_gain_to_peak": round(gain, 4), "gold_fall_after_peak": round(fall, 4),
         "proxy_rise_after_peak": round(sum(proxy[-k:]) / k - sum(proxy[peak : peak + k]) / k, 4),
         "past_peak": bool(gain > 0 and fall > 0.25 * gain),

@@ -175,7 +175,10 @@ def overoptimization_points(records: list[dict]) -> tuple[list[float], list[floa
 
 def _plot_overoptimization(records) -> bytes | None:
     """Gold and proxy score against sqrt(KL to the reference), as Gao et al. (2022) plot over-optimisation:
-    the proxy keeps rising with distance from the reference; past some distance the gold score falls."""
+    the proxy keeps rising with distance from the reference; past some distance the gold score falls.
+
+    Each iteration is a faint point; the lines are means over k = n/10 neighbouring iterations (sqrt(KL)
+    averaged too), since KL does not grow monotonically and one batch's gold score is noisy."""
     points = overoptimization_points(records)
     if points is None:
         return None
@@ -187,16 +190,23 @@ def _plot_overoptimization(records) -> bytes | None:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     ax2 = ax.twinx()  # the proxy and the gold judge have their own scales
-    marker = dict(marker="o", ms=3) if len(xs) <= 60 else {}
-    handles = ax.plot(xs, proxy, color="#1f77b4", lw=1.4, label=f"{proxy_key} (proxy)", **marker)
-    handles += ax2.plot(xs, gold, color="#2ca02c", lw=1.4, ls="--", label="objective/gold", **marker)
-    # the gold peak, on means of k neighbouring points so one lucky batch is not the peak
     k = max(1, len(gold) // 10)
-    means = [sum(gold[i : i + k]) / k for i in range(len(gold) - k + 1)]
-    best = max(range(len(means)), key=means.__getitem__) + k // 2
-    ax2.axvline(xs[best], color="#2ca02c", lw=0.8, ls=":")
-    ax2.annotate(f"gold peak, sqrt(KL) {xs[best]:.2f}", (xs[best], 0.03), xycoords=("data", "axes fraction"),
-                 fontsize=7, color="#2ca02c", rotation=90, va="bottom", ha="right")
+
+    def smooth(values: list[float]) -> list[float]:
+        return [sum(values[i : i + k]) / k for i in range(len(values) - k + 1)]
+
+    sx, sproxy, sgold = smooth(xs), smooth(proxy), smooth(gold)
+    blue, green = "#1f77b4", "#2ca02c"
+    ax.scatter(xs, proxy, s=8, color=blue, alpha=0.3, lw=0)
+    ax2.scatter(xs, gold, s=8, color=green, alpha=0.3, lw=0)
+    per = f", mean of {k}" if k > 1 else ""
+    handles = ax.plot(sx, sproxy, color=blue, lw=1.6, label=f"{proxy_key} (proxy){per}")
+    handles += ax2.plot(sx, sgold, color=green, lw=1.6, ls="--", label=f"objective/gold{per}")
+    # the gold peak, on those means so one lucky batch is not the peak
+    best = max(range(len(sgold)), key=sgold.__getitem__)
+    ax2.axvline(sx[best], color=green, lw=0.8, ls=":")
+    ax2.annotate(f"gold peak, sqrt(KL) {sx[best]:.2f}", (sx[best], 0.03), xycoords=("data", "axes fraction"),
+                 fontsize=7, color=green, rotation=90, va="bottom", ha="right")
     ax.set_title("Over-optimisation: gold and proxy vs sqrt(KL) (Gao et al. 2022)", fontsize=10)
     ax.set_xlabel("sqrt(KL to the reference), sqrt(nats)", fontsize=8)
     ax.set_ylabel("proxy", fontsize=8)
