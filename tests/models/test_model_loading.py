@@ -22,6 +22,7 @@ from quartet.config import LoraConfig
 from quartet.errors import ModelError
 from quartet.models import (
     apply_lora,
+    contiguous_head_input,
     count_parameters,
     disable_dropout,
     ensure_pad_token,
@@ -275,3 +276,37 @@ def test_non_finite_weights_are_never_saved(tmp_path):
     with pytest.raises(ModelError, match="not saved, weight .* is not finite") as err:
         save_model(model, tok, tmp_path / "model")
     assert "\n" not in str(err.value) and not any(tmp_path.iterdir())
+
+
+def _head_input_contiguity(model, ids, keep):
+    """Whether each LM-head call of one `logits_to_keep` forward saw a contiguous input, and the logits."""
+    seen = []
+    handle = model.get_output_embeddings().register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous()))
+    with torch.no_grad():
+        logits = model(input_ids=ids, logits_to_keep=keep).logits
+    handle.remove()
+    return seen, logits
+
+
+def test_lm_head_reads_a_contiguous_copy_of_the_kept_positions():
+    """transformers slices the hidden states before the head; a non-contiguous slice makes torch's CPU matmul
+    copy the head's weight once per row (seconds for a 49k vocabulary), so the loaded model and the engine copy
+    hand the head a contiguous copy: same logits."""
+    from transformers import AutoModelForCausalLM
+
+    from quartet.config import GenerationConfig
+    from quartet.rollout.engine import HFEngine
+
+    model, tok = load_causal_lm(TINY)
+    contiguous_head_input(model)  # a second call adds nothing
+    ids = torch.randint(3, 300, (3, 6), generator=torch.Generator().manual_seed(0))
+    plain = AutoModelForCausalLM.from_config(model.config)
+    plain.load_state_dict(model.state_dict())
+    seen, expected = _head_input_contiguity(plain, ids, 2)
+    assert seen == [False]  # what transformers hands the head without the hook
+    seen, logits = _head_input_contiguity(model, ids, 2)
+    assert seen == [True]
+    torch.testing.assert_close(logits, expected)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=2), dtype=torch.float32)
+    assert _head_input_contiguity(engine.model, ids, 1)[0] == [True]
+    assert len(model.get_output_embeddings()._forward_pre_hooks) == 1

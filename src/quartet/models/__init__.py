@@ -20,6 +20,7 @@ from quartet.models.heads import ScalarHead, value_head_for
 from quartet.models.loading import (
     ModelSource,
     clear_model_cache,
+    contiguous_head_input,
     count_parameters,
     disable_dropout,
     ensure_pad_token,
@@ -46,6 +47,7 @@ __all__ = [
     "apply_lora",
     "build_tiny",
     "clear_model_cache",
+    "contiguous_head_input",
     "count_parameters",
     "disable_dropout",
     "ensure_pad_token",

@@ -121,10 +121,11 @@ def plain_model(actor: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch
     `save_model`: built from the actor's config in fp32, every weight loaded (strict but for a tied output)."""
     import transformers
 
-    from quartet.rollout.engine import _no_init, base_config, merged_state_dict
+    from quartet.models.loading import no_init
+    from quartet.rollout.engine import base_config, merged_state_dict
 
     merged = merged_state_dict(actor, state)
-    with _no_init():
+    with no_init():
         model = transformers.AutoModelForCausalLM.from_config(base_config(actor), dtype=torch.float32)
     missing, unexpected = model.load_state_dict(merged, strict=False)
     missing = [k for k in missing if not (k.endswith("lm_head.weight") and model.config.tie_word_embeddings)]
