@@ -29,6 +29,7 @@ from quartet.models import (
     hidden_size,
     load_causal_lm,
     load_tokenizer,
+    precast_linears,
     resolve_model,
     save_model,
     strip_quantization,
@@ -310,3 +311,33 @@ def test_lm_head_reads_a_contiguous_copy_of_the_kept_positions():
     engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=2), dtype=torch.float32)
     assert _head_input_contiguity(engine.model, ids, 1)[0] == [True]
     assert len(model.get_output_embeddings()._forward_pre_hooks) == 1
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_precast_linears_give_the_autocast_outputs_bit_for_bit(tied):
+    """A frozen model that only runs under autocast stores its linears in the autocast dtype: the same logits,
+    less memory. The embedding (and a head tied to it) stays fp32: the lookup reads it in full precision."""
+    model, tok = load_causal_lm(TINY)
+    if tied:
+        config = model.config.to_dict() | {"tie_word_embeddings": True}
+        model = LlamaForCausalLM(LlamaConfig(**config)).eval()
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    bytes_before = sum(p.numel() * p.element_size() for p in frozen.parameters())
+    assert precast_linears(frozen, torch.bfloat16) is frozen
+    ids = _batch(tok)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(**ids).logits
+        logits = frozen(**ids).logits
+    assert torch.equal(logits, expected)
+    dtypes = {n: p.dtype for n, p in frozen.named_parameters()}
+    assert dtypes["model.layers.0.self_attn.q_proj.weight"] == torch.bfloat16
+    assert dtypes["model.layers.0.mlp.down_proj.weight"] == torch.bfloat16
+    assert dtypes["model.embed_tokens.weight"] == torch.float32
+    assert dtypes["model.norm.weight"] == torch.float32
+    if not tied:
+        assert dtypes["lm_head.weight"] == torch.bfloat16
+    assert sum(p.numel() * p.element_size() for p in frozen.parameters()) < 0.75 * bytes_before
+    assert precast_linears(model, torch.float32) is model  # fp32: nothing to do, even for a trainable model
+    with pytest.raises(ValueError, match="must be frozen"):
+        precast_linears(model, torch.bfloat16)

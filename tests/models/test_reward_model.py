@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
 
 from quartet.config import LoraConfig
+from quartet.data import render_conversation
 from quartet.errors import ModelError
 from quartet.models import RewardModel, ScalarHead, apply_lora, load_reward_model, save_reward_model
 from quartet.models.tiny import build_tiny_tokenizer
@@ -154,7 +155,7 @@ def test_scoring_refuses_a_model_with_no_trained_head(tmp_path):
     assert load_reward_model(str(saved), trained=True).backbone == TINY
 
 
-def test_scorer_autocast_runs_the_matmuls_in_bf16_and_keeps_fp32_weights_and_normalisation(tmp_path):
+def test_scorer_autocast_runs_the_matmuls_in_bf16_from_bf16_linears_and_keeps_the_rest_fp32(tmp_path):
     from quartet.rollout.scoring import Scorer
 
     torch.manual_seed(0)
@@ -163,8 +164,14 @@ def test_scorer_autocast_runs_the_matmuls_in_bf16_and_keeps_fp32_weights_and_nor
     out = str(save_reward_model(rm, tmp_path / "rm"))
     prompts = ["Say something."] * len(TEXTS)
     full, low = Scorer(out), Scorer(out, autocast=torch.bfloat16)
-    assert {p.dtype for p in low.reward_model.parameters()} == {torch.float32}
+    dtypes = {n: p.dtype for n, p in low.reward_model.named_parameters()}
+    assert {d for n, d in dtypes.items() if n.endswith("proj.weight") or "score" in n} == {torch.bfloat16}
+    assert {d for n, d in dtypes.items() if "embed" in n or "norm" in n} == {torch.float32}
     assert low.reward_model.mean.dtype == torch.float32
     x, y = full(prompts, TEXTS), low(prompts, TEXTS)
     assert y.dtype == torch.float32 and not torch.equal(x, y)  # the bf16 matmuls ran
     assert torch.allclose(x, y, atol=0.05 * float(x.abs().max()) + 1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # what the fp32 model gives under the same autocast
+        expected = full.reward_model.score_texts([render_conversation(full.reward_model.tokenizer, p, t)
+                                                  for p, t in zip(prompts, TEXTS)])
+    torch.testing.assert_close(y, torch.as_tensor(expected, dtype=torch.float32), rtol=0, atol=1e-6)

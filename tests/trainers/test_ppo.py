@@ -225,3 +225,38 @@ def test_one_backward_per_role_gives_the_joint_backwards_gradients(tmp_path):
         torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-6)
     for key in ("policy/loss", "value/loss", "policy/clipfrac", "optim/grad_norm"):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+
+
+def test_bf16_reference_stores_its_linears_in_bf16_and_starts_at_zero_kl(tmp_path):
+    """Under bf16 autocast the frozen reference keeps its linear layers in bf16 (less memory, no cast per
+    forward); its log-probs are still those of the fp32 actor under the same autocast: KL exactly 0 at first."""
+    cfg = make_cfg(tmp_path, iterations=1, precision="bf16", critic="separate", reference=TINY)
+    trainer = PPOTrainer(cfg, progress=False)
+    ref = dict(trainer.roles.reference.named_parameters())
+    assert ref["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    assert ref["model.embed_tokens.weight"].dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in trainer.roles.actor.parameters())
+    metrics = trainer.step(1)
+    assert metrics["objective/kl"] == 0.0
+
+
+def test_a_separate_critic_is_clipped_by_its_own_norm(tmp_path):
+    """A separate critic's gradient is clipped by its own norm, the actor's by its own (OpenRLHF and veRL give
+    each its own optimizer): a value loss 1000x larger must not shrink the actor's steps, on one backward per
+    role or one backward for both."""
+    runs = {}
+    for split in (True, False):
+        for vf_coef in (0.1, 100.0):
+            cfg = make_cfg(tmp_path / f"{split}-{vf_coef}", iterations=1, critic="separate", reference=TINY,
+                           vf_coef=vf_coef, **{"optim.max_grad_norm": 0.05})
+            trainer = PPOTrainer(cfg, progress=False)
+            trainer.split_backward = split
+            metrics = trainer.step(1)
+            runs[split, vf_coef] = (_params(trainer.roles.actor), _params(trainer.roles.critic), metrics)
+    for split in (True, False):
+        (actor_a, critic_a, m_a), (actor_b, critic_b, m_b) = runs[split, 0.1], runs[split, 100.0]
+        assert all(torch.equal(actor_a[n], actor_b[n]) for n in actor_a)
+        assert any(not torch.equal(critic_a[n], critic_b[n]) for n in critic_a)
+        assert m_a["policy/grad_norm"] == m_b["policy/grad_norm"] > 0.05  # clipping was active
+        assert m_b["value/grad_norm"] > 100 * m_a["value/grad_norm"] > 0.05
+        assert m_b["optim/grad_norm"] == pytest.approx(math.hypot(m_b["policy/grad_norm"], m_b["value/grad_norm"]))

@@ -237,11 +237,12 @@ def test_non_finite_weights_never_reach_a_saved_model(tmp_path):
     trainer = PPOTrainer(cfg, progress=False)
     real_step = trainer.optimizer.step
     calls = {"n": 0}
+    per_iteration = cfg.updates_per_iteration * (2 if trainer.split_backward else 1)  # a step per role
 
     def poisoned_step(*a, **k):
         out = real_step(*a, **k)
         calls["n"] += 1
-        if calls["n"] > cfg.updates_per_iteration * 2:  # during iteration 3
+        if calls["n"] > per_iteration * 2:  # during iteration 3
             next(trainer.roles.actor.parameters()).data.fill_(float("nan"))
         return out
 

@@ -358,6 +358,26 @@ def _contiguous_first_arg(module, args):
     return None
 
 
+def precast_linears(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Store a frozen model's `nn.Linear` weights and biases in `dtype`, the dtype autocast would cast them to
+    at every forward: under autocast in `dtype` its outputs are the same, bit for bit, from less memory
+    (SmolLM2-135M: 540 -> 325 MB in bf16) and without a cast per forward. Embeddings, norms, and a linear whose
+    weight is also an input embedding (a tied LM head) stay as they are: the lookup and the norms read them in
+    full precision. Only for models run under autocast (outside it, a linear would meet inputs of another dtype).
+    """
+    if dtype == torch.float32:
+        return model
+    embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and id(module.weight) not in embedded:
+            for param in (module.weight, module.bias):
+                if param is not None:
+                    if param.requires_grad:
+                        raise ValueError("precast_linears: the model must be frozen")
+                    param.data = param.data.to(dtype)
+    return model
+
+
 def ensure_pad_token(tokenizer, model=None) -> str:
     """Give ``tokenizer`` a pad token that is not EOS; returns how ("kept", "mapped", "added").
 

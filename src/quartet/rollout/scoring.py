@@ -53,8 +53,9 @@ class Scorer:
 
     def __init__(self, spec: str, dtype: torch.dtype = torch.float32, batch_size: int = 32,
                  autocast: torch.dtype | None = None):
-        """`autocast`: run a reward model's matmuls in this dtype (bf16 where the trainer autocasts to it);
-        its weights and the normalisation of its scores stay in `dtype`."""
+        """`autocast`: run a reward model's matmuls in this dtype (bf16 where the trainer autocasts to it),
+        its linear layers stored in it (`models.precast_linears`); the other weights and the normalisation of
+        its scores stay in `dtype`."""
         self.spec = spec
         self.batch_size = batch_size
         self.autocast = autocast
@@ -65,6 +66,10 @@ class Scorer:
 
             self.reward_model = load_reward_model(spec, dtype=dtype, trained=True)
             self.reward_model.eval().requires_grad_(False)
+            if autocast is not None:  # it only runs under that autocast
+                from quartet.models import precast_linears
+
+                precast_linears(self.reward_model.model, autocast)
         else:
             from quartet.judges import load_reward_fn
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -141,9 +141,13 @@ class PPOTrainer:
         # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs
         engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision))
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
-        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        # one backward per role (see _losses): a separate critic, one process
-        self.split_backward = policy.critic is not None and not policy.shared_critic and \
+        groups = [g["params"] for g in self.optimizer.param_groups]
+        # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
+        # veRL, which give it its own optimizer); a shared one trains the actor's backbone: one norm for all
+        self.separate_critic = policy.critic is not None and not policy.shared_critic
+        self.clip_groups = groups if self.separate_critic else [[p for g in groups for p in g]]
+        # one backward and one step per role (see _update): a separate critic, one process
+        self.split_backward = self.separate_critic and \
             self.accelerator.num_processes == 1
 
         self.kl_ctl = AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else FixedKL(cfg.kl_coef)
@@ -211,31 +215,22 @@ class PPOTrainer:
         self._last_samples = exp.sample_records(iteration)
         return metrics
 
-    def _losses(self, mb: Rollout, beta: float, stats: dict) -> Iterator[torch.Tensor]:
-        """The micro-batch loss, clipped policy loss (+ value loss, - entropy bonus, + KL term), yielded to be
-        back-propagated (its statistics go into `stats`). With a separate critic on one process it comes in
-        two parts, the actor's and then the critic's, each forward run after the previous part's backward:
-        the two share no weights, so the gradients are the same, and only one role's activations are held at
-        a time (SmolLM2 x2, 16 x 96 tokens: 4.2 -> 2.7 GB at the peak). Under DDP, which reduces one
-        backward per forward, both go in one."""
+    def _loss(self, mb: Rollout, beta: float, stats: dict, part: str) -> torch.Tensor:
+        """The micro-batch loss of `part`: "both" (clipped policy loss - entropy bonus + KL term + value loss),
+        or with a separate critic "actor" or "critic" alone. Its statistics go into `stats`."""
         cfg, mask = self.cfg, mb.response_mask
         agg, norm = cfg.loss_aggregation, cfg.generation.max_new_tokens
-        split = self.split_backward
         with self.accelerator.autocast():
-            logprobs, entropy, values = self.model(mb, with_entropy_grad=cfg.entropy_coef > 0,
-                                                   part="actor" if split else "both")
-        loss, part_stats = self._policy_loss(mb, beta, logprobs, entropy)
-        stats.update(part_stats)
-        if split:
-            yield loss
-            with self.accelerator.autocast():
-                values = self.model(mb, part="critic")[2]
-            loss = 0.0
+            logprobs, entropy, values = self.model(mb, with_entropy_grad=cfg.entropy_coef > 0, part=part)
+        loss = 0.0
+        if part != "critic":
+            loss, part_stats = self._policy_loss(mb, beta, logprobs, entropy)
+            stats.update(part_stats)
         if values is not None:
             vf_loss, vstats = clipped_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip, agg, norm)
             loss = loss + cfg.vf_coef * vf_loss
             stats.update({"value/loss": vf_loss.detach(), "value/clipfrac": vstats["value/clipfrac"]})
-        yield loss
+        return loss
 
     def _policy_loss(self, mb: Rollout, beta: float, logprobs, entropy) -> tuple[torch.Tensor, dict]:
         cfg, mask = self.cfg, mb.response_mask
@@ -263,6 +258,13 @@ class PPOTrainer:
         micro-batch loss is weighted by its share of the global minibatch (tokens for token-mean, rows
         otherwise) times the process count, so that DDP's average of the processes' gradients is the
         gradient of the whole minibatch's loss; only the last micro-batch of a minibatch all-reduces.
+
+        With a separate critic on one process each role goes through the minibatch on its own: the actor's
+        forwards and backwards, the actor's step, then the critic's. The two share no weights, so the updates
+        are those of one backward of the summed loss, while only one role's activations and gradients are
+        held at a time (SmolLM2 x2, 16 x 96 tokens: 4.2 -> 2.7 GB of activations at the peak, and the
+        actor's 0.5 GB of fp32 gradients gone before the critic's backward). Under DDP, which reduces one
+        backward per forward, both go in one backward and one step.
         """
         cfg, world, rank = self.cfg, self.accelerator.num_processes, self.accelerator.process_index
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, iteration, 2))
@@ -270,48 +272,61 @@ class PPOTrainer:
         minibatches = [order[i : i + size]
                        for order in (torch.randperm(len(ro), generator=gen).tolist() for _ in range(cfg.ppo_epochs))
                        for i in range(0, len(ro), size)]
-        names, sums = None, None
-        grad_norm, skipped = 0.0, 0
+        steps = list(enumerate(self.clip_groups)) if self.split_backward else [(None, None)]
+        sums: dict[str, torch.Tensor] = {}
+        norms, skipped = torch.zeros(len(self.clip_groups), dtype=torch.float64), 0
         self.model.train()
         for global_mb in minibatches:
             mine = global_mb[rank * cfg.minibatch_size : (rank + 1) * cfg.minibatch_size]
             micro = [mine[i : i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
             total = ro.response_mask[global_mb].sum() if cfg.loss_aggregation == "token-mean" else len(global_mb)
-            for k, idx in enumerate(micro):
-                mb = ro.select(idx)
-                share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
-                stats = {}
-                with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
-                    for loss in self._losses(mb, beta, stats):
-                        self.accelerator.backward(loss * share * world)
-                names = names or sorted(stats)
-                values = torch.stack([torch.as_tensor(stats[n], dtype=torch.float64) for n in names]) * float(share)
-                sums = values if sums is None else sums + values
-            if iteration <= cfg.critic_warmup:  # critic only: the actor's gradients go before the step
-                for param in self.optimizer.param_groups[0]["params"]:
-                    param.grad = None
-            norm, stepped = self._clip_and_step()
-            grad_norm += norm
-            skipped += not stepped
+            stepped_all = True
+            for role, group in steps:  # (actor, its parameters), (critic, ...); or both at once
+                part = "both" if role is None else ("actor", "critic")[role]
+                for k, idx in enumerate(micro):
+                    mb = ro.select(idx)
+                    share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
+                    stats = {}
+                    with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
+                        self.accelerator.backward(self._loss(mb, beta, stats, part) * share * world)
+                    for name, value in stats.items():
+                        sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64) * float(share)
+                if iteration <= cfg.critic_warmup and role in (None, 0):  # the actor's gradients go unused
+                    for param in self.optimizer.param_groups[0]["params"]:
+                        param.grad = None
+                groups = self.clip_groups if role is None else [group]
+                group_norms, stepped = self._clip_and_step(groups)
+                for i, value in zip(range(len(norms)) if role is None else [role], group_norms):
+                    norms[i] += value
+                stepped_all &= stepped
+            self.scheduler.step()
+            skipped += not stepped_all
         self.model.eval()
+        names = sorted(sums)
+        values = torch.stack([sums[n] for n in names])
         if world > 1:  # each process saw its own rows: the minibatch statistics are sums over all of them
-            sums = self.accelerator.reduce(sums, "sum")
-        stats = {n: float(v) / len(minibatches) for n, v in zip(names, sums)}
-        return {**stats, "optim/grad_norm": grad_norm / len(minibatches), "optim/skipped_steps": skipped,
-                "optim/actor_frozen": float(iteration <= cfg.critic_warmup)}
+            values = self.accelerator.reduce(values, "sum")
+        stats = {n: float(v) / len(minibatches) for n, v in zip(names, values)}
+        norms = norms / len(minibatches)
+        out = {**stats, "optim/grad_norm": float(norms.square().sum().sqrt()), "optim/skipped_steps": skipped,
+               "optim/actor_frozen": float(iteration <= cfg.critic_warmup)}
+        if self.separate_critic:
+            out["policy/grad_norm"], out["value/grad_norm"] = float(norms[0]), float(norms[1])
+        return out
 
-    def _clip_and_step(self) -> tuple[float, bool]:
-        """Clip, then step unless the gradient is not finite (that minibatch is skipped and counted)."""
+    def _clip_and_step(self, groups: list[list[torch.Tensor]]) -> tuple[list[float], bool]:
+        """Clip each group of parameters by its own gradient norm, then step unless a norm is not finite (the
+        step is skipped and counted). Parameters without a gradient (the other role's) are not touched."""
         max_norm = self.cfg.optim.max_grad_norm
-        norm = float(self.accelerator.clip_grad_norm_(self.params, max_norm if max_norm is not None else float("inf")))
-        finite = torch.isfinite(torch.tensor(norm)).item()
+        norms = [float(self.accelerator.clip_grad_norm_(g, max_norm if max_norm is not None else float("inf")))
+                 for g in groups]
+        finite = all(map(math.isfinite, norms))
         if finite:
             self.optimizer.step()
         else:
             log.warning("ppo: non-finite gradient norm, update skipped")
-        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return norm, finite
+        return norms, finite
 
     def _check_weights(self, iteration: int) -> None:
         bad = next((n for n, p in self.accelerator.unwrap_model(self.model).named_parameters()

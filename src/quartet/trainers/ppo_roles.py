@@ -7,7 +7,7 @@
   state (one forward gives log-probs and values); "separate": its own backbone + value head, initialised
   from the reward model when it shares the Actor's vocabulary, else from the policy.
 - Reference: the Actor with its adapter disabled when LoRA is on (no second copy in memory), else a
-  frozen copy.
+  frozen copy whose linear layers are stored in the autocast dtype (the same outputs, less memory).
 - Reward: a `Scorer` (reward model with any tokenizer, or a reward callable); `gold` is an optional
   second judge that is logged, never optimised.
 
@@ -98,7 +98,7 @@ class Roles:
 
 
 def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
-    from quartet.models import apply_lora, disable_dropout, load_causal_lm, value_head_for
+    from quartet.models import apply_lora, disable_dropout, load_causal_lm, precast_linears, value_head_for
 
     actor, tok = load_causal_lm(cfg.policy, dtype=torch.float32)
     disable_dropout(actor)
@@ -113,7 +113,10 @@ def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
         disable_dropout(reference)
     from quartet.trainers.loop import generation_dtype
 
-    scorer = Scorer(cfg.reward, autocast=generation_dtype(cfg.precision))  # as the trainer's own forwards
+    compute = generation_dtype(cfg.precision)  # the trainer's autocast dtype
+    if reference is not None:  # it only runs under that autocast
+        precast_linears(reference, compute)
+    scorer = Scorer(cfg.reward, autocast=compute)  # as the trainer's own forwards
     gold = Scorer(cfg.gold) if cfg.gold else None
     monitors = {}
     for name, spec in cfg.monitor_judges.items():
