@@ -152,7 +152,9 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
         "rollout_batch_size": BATCH, "minibatch_size": BATCH, "micro_batch_size": BATCH, "ppo_epochs": EPOCHS,
         "generation": {"max_new_tokens": NEW_TOKENS, "batch_size": BATCH, "temperature": 1.0},
         "critic": spec["critic"], "lora": {"enabled": spec["lora"]}, "precision": spec["precision"],
-        "optim": {"lr": LR, "adam_eps": 1e-5, "warmup_steps": 0}, "kl_coef": 0.05, "vf_coef": 0.1,
+        # TRL's PPO loop steps without clipping the gradient
+        "optim": {"lr": LR, "adam_eps": 1e-5, "warmup_steps": 0, "max_grad_norm": None},
+        "kl_coef": 0.05, "vf_coef": 0.1,
     })
     trainer = PPOTrainer(cfg, progress=False)
     trainer.experience.engine.generation_config.eos_token_id = None  # every response is 32 tokens

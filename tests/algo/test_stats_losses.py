@@ -15,6 +15,7 @@ from quartet.algo import (
     clipped_value_loss,
     entropy_from_logits,
     gather_logprobs,
+    logprobs_and_entropy,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -117,6 +118,33 @@ def test_gather_logprobs_and_entropy_match_full_log_softmax(dtype):
     ent = -(full.exp() * full).sum(-1)
     assert torch.allclose(entropy_from_logits(logits, chunk_rows=2), ent, atol=1e-4)
     assert gather_logprobs(logits, tokens).dtype == torch.float32
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("entropy_grad", [False, True])
+def test_logprobs_and_entropy_in_one_pass_match_log_softmax_and_its_gradients(temperature, entropy_grad):
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(5, 3, 50, generator=g) * 3).bfloat16()
+    tokens = torch.randint(0, 50, (5, 3), generator=g)
+    weights = torch.randn(5, 3, generator=g)
+
+    def naive(x):
+        full = torch.log_softmax(x.float() / temperature, dim=-1)
+        return full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), -(full.exp() * full).sum(-1)
+
+    x = logits.clone().requires_grad_()
+    want_lp, want_ent = naive(x)
+    ((want_lp + (want_ent if entropy_grad else 0)) * weights).sum().backward()
+    y = logits.clone().requires_grad_()
+    lp, ent = logprobs_and_entropy(y, tokens, temperature, entropy_grad=entropy_grad, chunk_rows=2)
+    assert lp.dtype == ent.dtype == torch.float32
+    assert ent.requires_grad == entropy_grad
+    torch.testing.assert_close(lp, want_lp.detach(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, want_ent.detach(), atol=1e-4, rtol=0)
+    ((lp + (ent if entropy_grad else 0)) * weights).sum().backward()
+    torch.testing.assert_close(y.grad.float(), x.grad.float(), atol=1e-2, rtol=1e-2)
+    lp0, ent0 = logprobs_and_entropy(logits[:0], tokens[:0])
+    assert lp0.shape == ent0.shape == (0, 3)
 
 
 def test_adaptive_kl_direction_and_sign():

@@ -16,7 +16,7 @@ from quartet.algo.advantages import (
 )
 from quartet.algo.estimators import ESTIMATORS, AdvantageEstimator, get_estimator
 from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
-from quartet.algo.logprobs import entropy_from_logits, gather_logprobs
+from quartet.algo.logprobs import entropy_from_logits, gather_logprobs, logprobs_and_entropy
 from quartet.algo.losses import (
     AGGREGATIONS,
     RATIO_LEVELS,
@@ -63,6 +63,7 @@ __all__ = [
     "kl_estimate",
     "last_token_index",
     "logprob_gap",
+    "logprobs_and_entropy",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quartet.algo import entropy_from_logits, gather_logprobs
+from quartet.algo import logprobs_and_entropy
 from quartet.config import PPOConfig
 from quartet.errors import ConfigError
 from quartet.rollout.record import Rollout, position_ids_from_mask
@@ -169,12 +169,8 @@ def actor_logprobs(
         input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=R + 1,
         output_hidden_states=hidden, use_cache=False,
     )
-    logits = out.logits[:, :-1] / temperature  # (B, R, V): logits at t predict token t + 1
-    logprobs = gather_logprobs(logits, ro.response_ids)
-    if with_entropy_grad:
-        entropy = entropy_from_logits(logits)
-    else:
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach())
+    # logits at t predict token t + 1
+    logprobs, entropy = logprobs_and_entropy(out.logits[:, :-1], ro.response_ids, temperature,
+                                             entropy_grad=with_entropy_grad)
     states = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
-    return logprobs.float(), entropy.float(), states
+    return logprobs, entropy, states
