@@ -93,7 +93,7 @@ class OptimConfig:
     schedule: Literal["constant", "linear", "cosine"] = "linear"
     """decay after warmup, down to 0 at the last optimizer step"""
     max_grad_norm: float | None = 1.0
-    """clip the global gradient norm; null disables"""
+    """clip the gradient norm (PPO with a separate critic: each role's by its own); null disables"""
 
     def validate(self, where: str) -> None:
         _positive(self.lr, f"{where}.lr")
