@@ -147,8 +147,7 @@ class PPOTrainer:
         self.separate_critic = policy.critic is not None and not policy.shared_critic
         self.clip_groups = groups if self.separate_critic else [[p for g in groups for p in g]]
         # one backward and one step per role (see _update): a separate critic, one process
-        self.split_backward = self.separate_critic and \
-            self.accelerator.num_processes == 1
+        self.split_backward = self.separate_critic and self.accelerator.num_processes == 1
 
         self.kl_ctl = AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else FixedKL(cfg.kl_coef)
         self.moments = RunningMoments() if cfg.reward_norm else None
@@ -272,7 +271,8 @@ class PPOTrainer:
         minibatches = [order[i : i + size]
                        for order in (torch.randperm(len(ro), generator=gen).tolist() for _ in range(cfg.ppo_epochs))
                        for i in range(0, len(ro), size)]
-        steps = list(enumerate(self.clip_groups)) if self.split_backward else [(None, None)]
+        # each part: what its forward computes, and the clip groups its step clips
+        parts = [("actor", [0]), ("critic", [1])] if self.split_backward else [("both", range(len(self.clip_groups)))]
         sums: dict[str, torch.Tensor] = {}
         norms, skipped = torch.zeros(len(self.clip_groups), dtype=torch.float64), 0
         self.model.train()
@@ -281,8 +281,7 @@ class PPOTrainer:
             micro = [mine[i : i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
             total = ro.response_mask[global_mb].sum() if cfg.loss_aggregation == "token-mean" else len(global_mb)
             stepped_all = True
-            for role, group in steps:  # (actor, its parameters), (critic, ...); or both at once
-                part = "both" if role is None else ("actor", "critic")[role]
+            for part, indices in parts:
                 for k, idx in enumerate(micro):
                     mb = ro.select(idx)
                     share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
@@ -291,12 +290,11 @@ class PPOTrainer:
                         self.accelerator.backward(self._loss(mb, beta, stats, part) * share * world)
                     for name, value in stats.items():
                         sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64) * float(share)
-                if iteration <= cfg.critic_warmup and role in (None, 0):  # the actor's gradients go unused
+                if iteration <= cfg.critic_warmup and part != "critic":  # the actor's gradients go unused
                     for param in self.optimizer.param_groups[0]["params"]:
                         param.grad = None
-                groups = self.clip_groups if role is None else [group]
-                group_norms, stepped = self._clip_and_step(groups)
-                for i, value in zip(range(len(norms)) if role is None else [role], group_norms):
+                group_norms, stepped = self._clip_and_step([self.clip_groups[i] for i in indices])
+                for i, value in zip(indices, group_norms):
                     norms[i] += value
                 stepped_all &= stepped
             self.scheduler.step()
