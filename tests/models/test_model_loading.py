@@ -20,6 +20,7 @@ from transformers import (
 
 from quartet.config import LoraConfig
 from quartet.errors import ModelError
+from quartet.models.attention import fit_attention_to_shape
 from quartet.models import (
     apply_lora,
     contiguous_head_input,
@@ -204,6 +205,7 @@ def test_save_model_roundtrip(tiny_lm, tmp_path):
     model, tok = tiny_lm
     out = save_model(model, tok, tmp_path / "model")
     reloaded = AutoModelForCausalLM.from_pretrained(out)
+    fit_attention_to_shape(reloaded)  # the kernel our loader picks (models/attention.py): same arithmetic
     rtok = AutoTokenizer.from_pretrained(out)
     batch = _batch(tok)
     with torch.no_grad():
@@ -234,6 +236,7 @@ def test_save_lora_model_merged_and_untouched(tmp_path):
     after = actor.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     reloaded = AutoModelForCausalLM.from_pretrained(out)
+    fit_attention_to_shape(reloaded)
     assert not any("lora" in n for n, _ in reloaded.named_parameters())
     batch = _batch(tok)
     with torch.no_grad():

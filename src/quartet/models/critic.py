@@ -17,6 +17,7 @@ from torch import nn
 
 from quartet.atomic import atomic_dir
 from quartet.errors import ModelError
+from quartet.models.attention import fit_attention_to_shape
 from quartet.models.heads import ScalarHead
 from quartet.models.loading import (
     _auto_tokenizer,
@@ -43,6 +44,7 @@ class Critic(nn.Module):
     def __init__(self, backbone: nn.Module, head: ScalarHead, tokenizer=None, init: str = ""):
         super().__init__()
         self.backbone = backbone
+        fit_attention_to_shape(backbone)
         self.head = head
         self.tokenizer = tokenizer
         self.init = init

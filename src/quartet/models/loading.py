@@ -33,6 +33,7 @@ from torch import nn
 
 from quartet.atomic import atomic_dir
 from quartet.errors import ModelError
+from quartet.models.attention import fit_attention_to_shape
 from quartet.models.tiny import build_tiny
 
 log = logging.getLogger(__name__)
@@ -333,6 +334,7 @@ def prepare(model, tokenizer) -> None:
     strip_quantization(model)
     disable_dropout(model)
     contiguous_head_input(model)
+    fit_attention_to_shape(model)
 
 
 def contiguous_head_input(model) -> None:

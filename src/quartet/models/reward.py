@@ -28,6 +28,7 @@ from torch import nn
 
 from quartet.atomic import atomic_dir
 from quartet.errors import ModelError
+from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import (
     MINILM,
     MINILM_PACKAGE,
@@ -226,6 +227,7 @@ def _prepare(model, tokenizer) -> None:
         raise ModelError(f"tokenizer of '{tokenizer.name_or_path}': encoder tokenizer has no pad token")
     model.config.pad_token_id = tokenizer.pad_token_id
     disable_dropout(model)
+    fit_attention_to_shape(model)
 
 
 def _seq_cls_from_lm(lm: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -245,6 +247,7 @@ def _seq_cls_from_lm(lm: nn.Module, dtype: torch.dtype) -> nn.Module:
     model.base_model.load_state_dict(lm.base_model.state_dict())
     init_score_head(model)
     disable_dropout(model)
+    fit_attention_to_shape(model)
     return model
 
 

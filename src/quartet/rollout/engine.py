@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 import transformers
 
+from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import contiguous_head_input, no_init
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
@@ -106,6 +107,7 @@ class HFEngine:
         with no_init():
             self.model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
         contiguous_head_input(self.model)
+        fit_attention_to_shape(self.model)  # eager for the short sequences RLHF samples: see models/attention.py
         self.model.eval().requires_grad_(False)
         # `generate` always takes the argmax: sampling is the argmax of (logits / T, cut by top-k / top-p, plus
         # Gumbel noise from each row's own generator: `_sampler`), which draws exactly from that softmax; the

@@ -64,6 +64,30 @@ class Rollout:
                 out[f.name] = value
         return Rollout(**out)
 
+    def trimmed(self) -> Rollout:
+        """The same rows without the prompt columns that are padding in every row (left) and the response
+        columns that are padding in every row (right), so a micro-batch of short answers costs its own length,
+        not that of the longest answer in the whole rollout. Positions count real tokens (`position_ids_from_mask`),
+        so every real token sees the same context and position as before. (B, R) fields are cut like the
+        responses."""
+        P, R = self.prompt_ids.shape[1], self.response_ids.shape[1]
+        real = self.prompt_mask.bool().any(0)
+        first = int(real.nonzero()[0]) if bool(real.any()) else P - 1
+        last = max(1, int(self.response_mask.sum(1).max())) if len(self) else R
+        if first == 0 and last == R:
+            return self
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor) and value.dim() == 2:
+                value = value[:, first:] if f.name in ("prompt_ids", "prompt_mask") else value[:, :last]
+            out[f.name] = value
+        return Rollout(**out)
+
+    def total_lengths(self) -> torch.Tensor:
+        """(B,) real prompt and response tokens of each row."""
+        return self.prompt_mask.sum(1) + self.response_mask.sum(1)
+
 
 def response_mask_from_ids(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask of real tokens up to and including the first EOS, and whether each row has one.

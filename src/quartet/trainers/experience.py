@@ -116,13 +116,24 @@ class ExperienceMaker:
         return Experience(ro, raw, gold, entropy, greedy_scores, timing, dict(zip(names, monitors)))
 
     def _chunked(self, forward, ro: Rollout) -> list[torch.Tensor | None]:
-        """Run `forward` over micro-batches under autocast; concatenated outputs, 0 on padding."""
-        parts = []
-        for start in range(0, len(ro), self.cfg.micro_batch_size):
+        """Run `forward` over micro-batches under autocast; its (B, R) outputs in row order, 0 on padding.
+
+        The rows go in order of length, each micro-batch cut to its own longest row (`Rollout.trimmed`): the
+        forwards then cost the tokens sampled, not the whole rollout's longest prompt and answer in every row."""
+        B, R, size = len(ro), ro.response_ids.shape[1], self.cfg.micro_batch_size
+        order = torch.argsort(ro.total_lengths(), stable=True).tolist()
+        outs: list[torch.Tensor | None] = [None, None, None]
+        for start in range(0, B, size):
+            rows = order[start : start + size]
             with self.accelerator.autocast():
-                parts.append(forward(ro.select(list(range(start, min(start + self.cfg.micro_batch_size, len(ro)))))))
+                part = forward(ro.select(rows).trimmed())
+            for i, x in enumerate(part):
+                if x is not None:
+                    if outs[i] is None:
+                        outs[i] = torch.zeros(B, R, dtype=x.dtype)
+                    outs[i][rows, : x.shape[1]] = x
         mask = ro.response_mask
-        return [None if parts[0][i] is None else torch.cat([p[i] for p in parts]) * mask for i in range(3)]
+        return [None if x is None else x * mask for x in outs]
 
     def batch_indices(self, iteration: int) -> list[int]:
         """This process's prompts for `iteration`: a seeded permutation per pass over the prompts, consumed
