@@ -20,7 +20,6 @@ from transformers import (
 
 from quartet.config import LoraConfig
 from quartet.errors import ModelError
-from quartet.models.attention import fit_attention_to_shape
 from quartet.models import (
     apply_lora,
     contiguous_head_input,
@@ -35,6 +34,7 @@ from quartet.models import (
     save_model,
     strip_quantization,
 )
+from quartet.models.attention import fit_attention_to_shape
 
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 
