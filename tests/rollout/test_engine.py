@@ -102,3 +102,57 @@ def test_explicit_seeds_pick_each_rows_stream():
     assert reversed_rows.responses == [r for i in (2, 1, 0) for r in derived.responses[2 * i : 2 * i + 2]]
     with pytest.raises(ValueError, match="5 seeds for 6 output rows"):
         engine.generate(ids, mask, num_samples=2, seeds=seeds[:5])
+
+
+@pytest.mark.parametrize("num_samples", [1, 3])
+def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples):
+    """The engine's decoding loop drops a row from the batch (and its KV cache) once it emits EOS; every row's
+    tokens are still exactly what transformers' `generate` samples with the same processors and seeds, which
+    runs every row to the end. EOS is made a likely token here, so rows finish at many different steps."""
+    from quartet.data import left_pad
+    from quartet.rollout.engine import row_seeds
+
+    model, tok = load_causal_lm(TINY)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=24, batch_size=64), dtype=torch.float32)
+    prompts = [[5, 6, 7], [9, 10], [11, 12, 13, 14], [15], [16, 17], [18, 19, 20]]
+    ids, mask = left_pad(prompts, tok.pad_token_id)
+    engine.generation_config.eos_token_id = None  # first without EOS: the token in most answers then is EOS
+    free = engine.generate(ids, mask, seed=3, num_samples=num_samples).response_ids
+    eos = int(torch.stack([torch.bincount(row, minlength=260).clamp(max=1) for row in free]).sum(0).argmax())
+    engine.generation_config.eos_token_id = eos
+    ro = engine.generate(ids, mask, seed=3, num_samples=num_samples)
+    reps = ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0)
+    processors = engine._sampler(row_seeds(3, 0, len(prompts) * num_samples, None))
+    with torch.no_grad():
+        full = engine.model.generate(input_ids=reps[0], attention_mask=reps[1], logits_processor=processors,
+                                     generation_config=engine.generation_config)[:, ids.shape[1]:]
+    ends = [int((row == eos).nonzero()[0]) + 1 if (row == eos).any() else row.numel() for row in full]
+    assert len(set(ends)) > 2 and min(ends) < 24  # rows ended at different steps, some early
+    assert ro.response_ids.shape[1] == full.shape[1] == max(ends)
+    # the Rollout also ends an answer at the tokenizer's own EOS
+    stop = torch.isin(full, torch.tensor([eos, tok.eos_token_id]))
+    lengths = [int(row.nonzero()[0]) + 1 if row.any() else full.shape[1] for row in stop]
+    for i, n in enumerate(lengths):
+        assert ro.response_ids[i, :n].tolist() == full[i, :n].tolist()
+        assert (ro.response_ids[i, n:] == tok.pad_token_id).all()
+
+
+def test_per_row_sampler_draws_from_the_softmax_and_never_a_masked_token():
+    """The inverse-CDF sampler (blocks of 256 tokens, then tokens): frequencies match softmax(scores) over a
+    vocabulary spanning several blocks, tokens at -inf (top-k/top-p cuts) are never drawn, each row follows
+    its own seed, and the output's argmax is the drawn token."""
+    from quartet.rollout.engine import PerRowSampler
+
+    g = torch.Generator().manual_seed(0)
+    V, n = 700, 20000
+    scores = torch.randn(V, generator=g) * 2
+    scores[::3] = float("-inf")
+    sampler = PerRowSampler(list(range(n)))
+    out = sampler(None, scores.expand(n, V).clone())
+    tokens = out.argmax(-1)
+    assert torch.isfinite(out).sum(-1).eq(1).all()
+    assert not (tokens % 3 == 0).any()
+    freq = torch.bincount(tokens, minlength=V).float() / n
+    assert 0.5 * (freq - scores.softmax(-1)).abs().sum() < 0.06  # total variation; sampling noise ~0.04 here
+    again = PerRowSampler([5, 1, 5])(None, scores.expand(3, V).clone()).argmax(-1)
+    assert again[0] == again[2] == PerRowSampler([5])(None, scores[None].clone()).argmax(-1)[0]
