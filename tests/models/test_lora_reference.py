@@ -106,3 +106,33 @@ def test_reference_vocab_mismatch_is_an_error():
     actor, _ = load_causal_lm(TINY)
     with pytest.raises(ModelError, match="vocabulary of 512 tokens, the actor has 300"):
         make_reference(actor, "tiny:llama?hidden=32&layers=2&heads=4&vocab=512")
+
+
+def test_lora_base_held_in_bf16_computes_and_merges_as_the_fp32_base():
+    """`precast_lora_base`: under bf16 autocast the actor and its adapter-disabled reference give the same
+    logits bit for bit as with fp32 base weights (autocast casts them to the same bf16 values), while the
+    merged copy (the saved model) and the engine's merged weights come from the fp32 originals, unchanged."""
+    from quartet.models import merged_copy, precast_lora_base
+    from quartet.rollout.engine import merged_state_dict
+
+    model, _ = load_causal_lm(TINY)
+    actor = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
+    with torch.no_grad():
+        for name, p in actor.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    held = copy.deepcopy(actor)
+    precast_lora_base(held, torch.bfloat16)
+    bases = [m.base_layer.weight for m in held.modules() if hasattr(m, "base_layer")]
+    assert bases and all(w.dtype == torch.bfloat16 and not w.requires_grad for w in bases)
+    assert all(p.dtype == torch.float32 for n, p in held.named_parameters() if p.requires_grad)
+    ids = torch.randint(1, 300, (3, 9))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(held(input_ids=ids).logits, actor(input_ids=ids).logits)
+        with adapter_disabled(held), adapter_disabled(actor):
+            assert torch.equal(held(input_ids=ids).logits, actor(input_ids=ids).logits)
+    ours, theirs = merged_copy(held).state_dict(), merged_copy(actor).state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    ours, theirs = merged_state_dict(held), merged_state_dict(actor)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k].float(), theirs[k]) for k in ours)
+    assert all(m.base_layer.weight.dtype == torch.bfloat16 for m in held.modules() if hasattr(m, "base_layer"))

@@ -32,7 +32,7 @@ from quartet.models.loading import (
     save_model,
     strip_quantization,
 )
-from quartet.models.lora import adapter_disabled, apply_lora, is_peft_model, merged_copy
+from quartet.models.lora import adapter_disabled, apply_lora, is_peft_model, merged_copy, precast_lora_base
 from quartet.models.reference import Reference, make_reference
 from quartet.models.reward import RewardModel, load_reward_model, save_reward_model
 from quartet.models.tiny import build_tiny
@@ -62,6 +62,7 @@ __all__ = [
     "make_critic",
     "make_reference",
     "merged_copy",
+    "precast_lora_base",
     "resolve_model",
     "save_critic",
     "save_model",

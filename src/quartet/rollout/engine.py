@@ -16,6 +16,7 @@ import transformers
 
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import contiguous_head_input, no_init
+from quartet.models.lora import full_weight
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
 
@@ -60,7 +61,7 @@ def merged_state_dict(actor: torch.nn.Module, state: dict[str, torch.Tensor] | N
     with torch.no_grad():
         for name, layer in lora_layers.items():
             if state is None:
-                weight = layer.get_base_layer().weight
+                weight = full_weight(layer.get_base_layer())  # a base held in bf16 merges from its original
                 delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
             else:
                 weight = base_state[f"{name}.base_layer.weight"]

@@ -115,7 +115,7 @@ class PPOTrainer:
         self.estimator = get_estimator(cfg.advantage)
         self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
         torch.manual_seed(cfg.seed)
-        self.roles = build_roles(cfg, needs_critic=cfg.critic_kind != "none")
+        self.roles = build_roles(cfg, needs_critic=cfg.critic_kind != "none", sharded=bool(self.sharded))
         tok = self.roles.tokenizer
 
         # prompts: encoded once, sampled in a seeded order per pass

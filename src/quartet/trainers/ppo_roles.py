@@ -6,8 +6,9 @@
 - Critic: only for estimators that need one (GAE). "shared": a value head on the Actor's last hidden
   state (one forward gives log-probs and values); "separate": its own backbone + value head, initialised
   from the reward model when it shares the Actor's vocabulary, else from the policy.
-- Reference: the Actor with its adapter disabled when LoRA is on (no second copy in memory), else a
-  frozen copy whose linear layers are stored in the autocast dtype (the same outputs, less memory).
+- Reference: the Actor with its adapter disabled when LoRA is on (no second copy in memory; its frozen base
+  linears held in the autocast dtype, `models.precast_lora_base`), else a frozen copy whose linear layers are
+  stored in the autocast dtype (the same outputs, less memory).
 - Reward: a `Scorer` (reward model with any tokenizer, or a reward callable); `gold` is an optional
   second judge that is logged, never optimised.
 
@@ -97,13 +98,26 @@ class Roles:
             yield self.actor
 
 
-def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
-    from quartet.models import apply_lora, disable_dropout, load_causal_lm, precast_linears, value_head_for
+def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Roles:
+    """`sharded`: the actor's weights will be sharded (FSDP, ZeRO-3), which takes one dtype per flat parameter,
+    so a LoRA base is not held in the compute dtype."""
+    from quartet.models import (
+        apply_lora,
+        disable_dropout,
+        load_causal_lm,
+        precast_linears,
+        precast_lora_base,
+        value_head_for,
+    )
+    from quartet.trainers.loop import generation_dtype
 
+    compute = generation_dtype(cfg.precision)  # the trainer's autocast dtype
     actor, tok = load_causal_lm(cfg.policy, dtype=torch.float32)
     disable_dropout(actor)
     if cfg.lora.enabled:
         actor = apply_lora(actor, cfg.lora)
+        if not sharded:  # the frozen base in the autocast dtype: the same forwards without a cast per forward
+            precast_lora_base(actor, compute)
     reference = None
     if not cfg.lora.enabled or (cfg.reference not in (None, cfg.policy)):
         reference, ref_tok = load_causal_lm(cfg.reference or cfg.policy, dtype=torch.float32)
@@ -111,9 +125,6 @@ def build_roles(cfg: PPOConfig, needs_critic: bool) -> Roles:
             raise ConfigError(f"ppo.reference: '{cfg.reference}' has a different vocabulary from policy '{cfg.policy}'")
         reference.eval().requires_grad_(False)
         disable_dropout(reference)
-    from quartet.trainers.loop import generation_dtype
-
-    compute = generation_dtype(cfg.precision)  # the trainer's autocast dtype
     if reference is not None:  # it only runs under that autocast
         precast_linears(reference, compute)
     scorer = Scorer(cfg.reward, autocast=compute)  # as the trainer's own forwards
