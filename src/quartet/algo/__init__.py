@@ -27,6 +27,7 @@ from quartet.algo.losses import (
 )
 from quartet.algo.offpolicy import logprob_gap, truncated_importance_weights
 from quartet.algo.preference import PREFERENCE_LOSSES, preference_loss
+from quartet.algo.sampling import inverse_cdf
 from quartet.algo.stats import (
     check_mask,
     last_token_index,
@@ -57,6 +58,7 @@ __all__ = [
     "clipped_policy_loss",
     "clipped_value_loss",
     "entropy_from_logits",
+    "inverse_cdf",
     "explained_variance",
     "gae",
     "gather_logprobs",

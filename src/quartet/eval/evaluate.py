@@ -58,13 +58,13 @@ from pathlib import Path
 
 import torch
 
-from quartet.algo import gather_logprobs
+from quartet.algo import gather_logprobs, inverse_cdf
 from quartet.atomic import atomic_write_text
 from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
 from quartet.outputs import check_output_dir, write_marker
-from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
+from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
 log = logging.getLogger("quartet")
 
@@ -335,22 +335,29 @@ def sample_responses(
 
 
 def _decode(model, ids, mask, uniforms, temperature, top_p, eos_id, pad_id) -> torch.Tensor:
-    """KV-cached decoding loop; (b, P) -> (b, max_new_tokens), padded after each row's EOS."""
+    """KV-cached decoding loop; (b, P) -> (b, max_new_tokens), padded after each row's EOS. A row leaves the
+    batch (and the cache) at its EOS, so the rows still going do not carry the finished ones; row i's token t
+    is always the pick of uniforms[i, t], whoever it is batched with."""
     positions = position_ids_from_mask(mask)
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
     next_pos = positions[:, -1:] + 1
-    done = torch.zeros(ids.shape[0], dtype=torch.bool)
+    rows = torch.arange(ids.shape[0])  # the output row of each row still in the batch
     tokens = torch.full((ids.shape[0], uniforms.shape[1]), pad_id, dtype=torch.long)
     for t in range(uniforms.shape[1]):
-        token = pick_tokens(out.logits[:, -1], uniforms[:, t], temperature, top_p)
-        tokens[:, t] = token.masked_fill(done, pad_id)
-        done |= token == eos_id
-        if bool(done.all()) or t == uniforms.shape[1] - 1:
+        token = pick_tokens(out.logits[:, -1], uniforms[rows, t], temperature, top_p)
+        tokens[rows, t] = token
+        going = token != eos_id
+        if not bool(going.any()) or t == uniforms.shape[1] - 1:
             break
+        cache = out.past_key_values
+        if not bool(going.all()):
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            rows, mask, next_pos, token = rows[keep], mask[keep], next_pos[keep], token[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(
-            input_ids=tokens[:, t : t + 1], attention_mask=mask, position_ids=next_pos,
-            past_key_values=out.past_key_values, use_cache=True,
+            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+            use_cache=True,
         )  # fmt: skip
         next_pos = next_pos + 1
     return tokens
@@ -365,16 +372,15 @@ def pick_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1).double()
+    probs = torch.softmax(logits / temperature, dim=-1)
     if top_p < 1.0:
+        probs = probs.double()
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # keep a token if the mass before it is still short of top_p (the most likely is always kept)
         drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-    cdf = probs.cumsum(dim=-1)
-    target = (u.double() * cdf[:, -1]).unsqueeze(-1)
-    # the first token whose cumulative mass exceeds the target (zero-mass tokens are never picked)
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+    # the first token whose cumulative mass exceeds u * total (zero-mass tokens are never picked)
+    return inverse_cdf(probs, u)
 
 
 class VLLMSampler:
@@ -440,23 +446,24 @@ def sequence_logprobs(
     logprobs, ref_logprobs, and the full-vocabulary KL(model || ref) at every response position.
     """
     temp = temperature if temperature > 0 else 1.0
-    R = response_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)  # (B, T)
-    attention_mask = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
-    positions = position_ids_from_mask(attention_mask)
-    logprobs, ref_logprobs, kl_full = [], [], []
-    for start in range(0, input_ids.shape[0], batch_size):
-        sl = slice(start, start + batch_size)
-        logits = _response_logits(model, input_ids[sl], attention_mask[sl], positions[sl], R) / temp
-        ref_logits = (
-            logits if ref_model is model else _response_logits(ref_model, input_ids[sl], attention_mask[sl], positions[sl], R) / temp
-        )
-        logprobs.append(gather_logprobs(logits, response_ids[sl]))
-        ref_logprobs.append(gather_logprobs(ref_logits, response_ids[sl]))
+    B, R = response_ids.shape
+    ro = Rollout(prompt_ids, prompt_mask, response_ids, response_mask.float(), eos=torch.zeros(B, dtype=torch.bool))
+    out = torch.zeros(3, B, R)  # logprobs, ref_logprobs, kl_full
+    # rows in order of length, each chunk cut to its longest row: the forwards cost the tokens sampled
+    order = torch.argsort(ro.total_lengths(), stable=True).tolist()
+    for start in range(0, B, batch_size):
+        rows = order[start : start + batch_size]
+        mb = ro.select(rows).trimmed()
+        ids, mask, r = mb.input_ids, mb.attention_mask, mb.response_ids.shape[1]
+        positions = position_ids_from_mask(mask)
+        logits = _response_logits(model, ids, mask, positions, r) / temp
+        ref_logits = logits if ref_model is model else _response_logits(ref_model, ids, mask, positions, r) / temp
         logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
-        kl_full.append((logp.exp() * (logp - ref_logp)).sum(-1))
+        out[0, rows, :r] = gather_logprobs(logits, mb.response_ids)
+        out[1, rows, :r] = gather_logprobs(ref_logits, mb.response_ids)
+        out[2, rows, :r] = (logp.exp() * (logp - ref_logp)).sum(-1)
     mask = response_mask.float()
-    return torch.cat(logprobs) * mask, torch.cat(ref_logprobs) * mask, torch.cat(kl_full) * mask
+    return out[0] * mask, out[1] * mask, out[2] * mask
 
 
 def _response_logits(model, input_ids, attention_mask, positions, R: int) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 import transformers
 
+from quartet.algo.sampling import inverse_cdf
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import contiguous_head_input, no_init
 from quartet.models.lora import full_weight
@@ -265,16 +266,12 @@ def sample_seed(seed: int, index: int) -> int:
 
 
 class PerRowSampler:
-    """Logits processor that draws each row's token from softmax(scores) by inverse transform sampling with one
-    uniform number from that row's own generator, and returns scores whose argmax is that token (0 there, -inf
-    elsewhere), so each row's randomness is its own and the decoding loop's argmax samples exactly.
-
-    One random number per row and step: the Gumbel-max trick it replaces drew a float64 vector of the whole
-    vocabulary per row and took two logs of it (~20 ms of a ~170-ms decoding step at 64 rows of SmolLM2's 49k
-    vocabulary on a 2-core EPYC). The inverse CDF is found in two levels, blocks of `BLOCK` tokens and then
-    the tokens of one block, since a cumulative sum over the whole vocabulary is a slow serial scan on CPU."""
-
-    BLOCK = 256
+    """Logits processor that draws each row's token from softmax(scores) by inverse transform sampling
+    (`algo.inverse_cdf`) with one uniform number from that row's own generator, and returns scores whose argmax
+    is that token (0 there, -inf elsewhere): each row's randomness is its own and the decoding loop's argmax
+    samples exactly. One random number per row and step: the Gumbel-max trick it replaces drew a float64 vector
+    of the whole vocabulary per row and took two logs of it (~20 ms of a ~170-ms decoding step at 64 rows of
+    SmolLM2's 49k vocabulary on a 2-core EPYC)."""
 
     def __init__(self, seeds: list[int]):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
@@ -284,26 +281,9 @@ class PerRowSampler:
         self.generators = [self.generators[i] for i in rows]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        b, V = scores.shape
-        probs = torch.softmax(scores.float(), dim=-1)
-        probs = torch.nn.functional.pad(probs, (0, -V % self.BLOCK)).view(b, -1, self.BLOCK)  # (b, blocks, BLOCK)
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
-        rows = torch.arange(b)
-        block_cdf = probs.sum(-1, dtype=torch.float64).cumsum(-1)  # (b, blocks)
-        target = u * block_cdf[:, -1]
-        block = _first_above(block_cdf, target)
-        target = target - torch.where(block > 0, block_cdf[rows, (block - 1).clamp(min=0)], 0.0)
-        token = block * self.BLOCK + _first_above(probs[rows, block].cumsum(-1, dtype=torch.float64), target)
+        token = inverse_cdf(torch.softmax(scores.float(), dim=-1), u)
         return torch.full_like(scores, float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
-
-
-def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """(b,) the first index of each row of the non-decreasing (b, n) `cdf` whose value exceeds `target` (b,),
-    never past the row's last increase (rounding may put the target at the total): a zero-probability entry
-    is never chosen."""
-    index = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
-    last = (cdf < cdf[:, -1:]).sum(-1)  # the entry where the row reaches its total
-    return torch.minimum(index, last)
 
 
 def base_config(actor: torch.nn.Module):

@@ -58,7 +58,7 @@ class Rollout:
             value = getattr(self, f.name)
             if isinstance(value, torch.Tensor):
                 out[f.name] = value[index]
-            elif isinstance(value, list):
+            elif isinstance(value, list) and value:  # an empty list (no texts kept) stays empty
                 out[f.name] = [value[i] for i in index.tolist()]
             else:
                 out[f.name] = value
