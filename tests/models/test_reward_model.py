@@ -13,6 +13,7 @@ from quartet.config import LoraConfig
 from quartet.data import render_conversation
 from quartet.errors import ModelError
 from quartet.models import RewardModel, ScalarHead, apply_lora, load_reward_model, save_reward_model
+from quartet.models.attention import fit_attention_to_shape
 from quartet.models.tiny import build_tiny_tokenizer
 
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
@@ -77,6 +78,7 @@ def test_save_reward_model_reloads_with_plain_transformers(tmp_path):
     meta = json.loads((out / "quartet_reward.json").read_text())
     assert meta == {"mean": 0.25, "std": 3.0, "backbone": TINY}
     plain = AutoModelForSequenceClassification.from_pretrained(out)
+    fit_attention_to_shape(plain)  # the kernel our loader picks (models/attention.py): same arithmetic
     enc = _padded(rm.tokenizer, TEXTS, "right")
     with torch.no_grad():
         ours = rm.raw_scores(enc["input_ids"], enc["attention_mask"])
@@ -97,6 +99,7 @@ def test_lora_reward_model_is_saved_merged(tmp_path):
                 p.normal_(0, 0.5)
     out = save_reward_model(rm, tmp_path / "rm")
     plain = AutoModelForSequenceClassification.from_pretrained(out)
+    fit_attention_to_shape(plain)  # the kernel our loader picks (models/attention.py): same arithmetic
     enc = _padded(rm.tokenizer, TEXTS, "right")
     with torch.no_grad():
         ours = rm.raw_scores(enc["input_ids"], enc["attention_mask"])
