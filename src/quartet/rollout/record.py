@@ -64,16 +64,22 @@ class Rollout:
                 out[f.name] = value
         return Rollout(**out)
 
-    def trimmed(self) -> Rollout:
+    def real_span(self) -> tuple[int, int]:
+        """(first prompt column that is not padding in every row, number of response columns that are not padding
+        in every row): the columns `trimmed` keeps."""
+        real = self.prompt_mask.bool().any(0)
+        first = int(real.nonzero()[0]) if bool(real.any()) else self.prompt_ids.shape[1] - 1
+        last = max(1, int(self.response_mask.sum(1).max())) if len(self) else self.response_ids.shape[1]
+        return first, last
+
+    def trimmed(self, span: tuple[int, int] | None = None) -> Rollout:
         """The same rows without the prompt columns that are padding in every row (left) and the response
         columns that are padding in every row (right), so a micro-batch of short answers costs its own length,
         not that of the longest answer in the whole rollout. Positions count real tokens (`position_ids_from_mask`),
         so every real token sees the same context and position as before. (B, R) fields are cut like the
-        responses."""
-        P, R = self.prompt_ids.shape[1], self.response_ids.shape[1]
-        real = self.prompt_mask.bool().any(0)
-        first = int(real.nonzero()[0]) if bool(real.any()) else P - 1
-        last = max(1, int(self.response_mask.sum(1).max())) if len(self) else R
+        responses. `span`: the columns to keep, `real_span()` of a larger set of rows that holds these."""
+        R = self.response_ids.shape[1]
+        first, last = span if span is not None else self.real_span()
         if first == 0 and last == R:
             return self
         out = {}

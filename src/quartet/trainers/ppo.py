@@ -275,19 +275,19 @@ class PPOTrainer:
         parts = [("actor", [0]), ("critic", [1])] if self.split_backward else [("both", range(len(self.clip_groups)))]
         sums: dict[str, torch.Tensor] = {}
         norms, skipped = torch.zeros(len(self.clip_groups), dtype=torch.float64), 0
-        lengths = ro.total_lengths()
         self.model.train()
         for global_mb in minibatches:
             mine = global_mb[rank * cfg.minibatch_size : (rank + 1) * cfg.minibatch_size]
-            # micro-batches of similar lengths, each cut to its longest row: the sum of their gradients is the
-            # minibatch's whatever the grouping, and none pays for another row's padding
-            mine = sorted(mine, key=lambda i: int(lengths[i]))
+            # every micro-batch cut to the global minibatch's longest prompt and answer: the rollout's padding
+            # beyond them is not paid for, and the widths (so the float arithmetic) do not depend on the split
+            # of the minibatch over processes and micro-batches
+            span = ro.select(global_mb).real_span()
             micro = [mine[i : i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
             total = ro.response_mask[global_mb].sum() if cfg.loss_aggregation == "token-mean" else len(global_mb)
             stepped_all = True
             for part, indices in parts:
                 for k, idx in enumerate(micro):
-                    mb = ro.select(idx).trimmed()
+                    mb = ro.select(idx).trimmed(span)
                     share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
                     stats = {}
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
