@@ -135,24 +135,3 @@ def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples
     for i, n in enumerate(lengths):
         assert ro.response_ids[i, :n].tolist() == full[i, :n].tolist()
         assert (ro.response_ids[i, n:] == tok.pad_token_id).all()
-
-
-def test_per_row_sampler_draws_from_the_softmax_and_never_a_masked_token():
-    """The inverse-CDF sampler (blocks of 256 tokens, then tokens): frequencies match softmax(scores) over a
-    vocabulary spanning several blocks, tokens at -inf (top-k/top-p cuts) are never drawn, each row follows
-    its own seed, and the output's argmax is the drawn token."""
-    from quartet.rollout.engine import PerRowSampler
-
-    g = torch.Generator().manual_seed(0)
-    V, n = 700, 20000
-    scores = torch.randn(V, generator=g) * 2
-    scores[::3] = float("-inf")
-    sampler = PerRowSampler(list(range(n)))
-    out = sampler(None, scores.expand(n, V).clone())
-    tokens = out.argmax(-1)
-    assert torch.isfinite(out).sum(-1).eq(1).all()
-    assert not (tokens % 3 == 0).any()
-    freq = torch.bincount(tokens, minlength=V).float() / n
-    assert 0.5 * (freq - scores.softmax(-1)).abs().sum() < 0.06  # total variation; sampling noise ~0.04 here
-    again = PerRowSampler([5, 1, 5])(None, scores.expand(3, V).clone()).argmax(-1)
-    assert again[0] == again[2] == PerRowSampler([5])(None, scores[None].clone()).argmax(-1)[0]

@@ -14,7 +14,6 @@ from typing import Protocol
 import torch
 import transformers
 
-from quartet.algo.sampling import inverse_cdf
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import contiguous_head_input, no_init
 from quartet.models.lora import full_weight
@@ -111,10 +110,10 @@ class HFEngine:
         contiguous_head_input(self.model)
         fit_attention_to_shape(self.model)  # eager for the short sequences RLHF samples: see models/attention.py
         self.model.eval().requires_grad_(False)
-        # decoding (`_decode`) always takes the argmax of the processed logits: to sample, the last processor
-        # draws each row's token from softmax(logits / T, cut by top-k / top-p) with that row's own generator
-        # (`_sampler`) and leaves only it; the temperature, top-k (0 = off) and top-p of gen_cfg are applied
-        # there, not by transformers' defaults
+        # decoding (`_decode`) always takes the argmax: sampling is the argmax of (logits / T, cut by top-k /
+        # top-p, plus Gumbel noise from each row's own generator: `_sampler`), which draws exactly from that
+        # softmax; the temperature, top-k (0 = off) and top-p of gen_cfg are applied there, not by transformers'
+        # defaults
         self.generation_config = transformers.GenerationConfig(
             do_sample=False,
             max_new_tokens=gen_cfg.max_new_tokens,
@@ -136,7 +135,7 @@ class HFEngine:
             warpers.append(TopKLogitsWarper(self.cfg.top_k))
         if self.cfg.top_p < 1.0:
             warpers.append(TopPLogitsWarper(self.cfg.top_p))
-        return transformers.LogitsProcessorList([*warpers, PerRowSampler(seeds)])
+        return transformers.LogitsProcessorList([*warpers, PerRowGumbel(seeds)])
 
     def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
         state = merged_state_dict(actor, state)
@@ -265,25 +264,33 @@ def sample_seed(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little") & (2**63 - 1)
 
 
-class PerRowSampler:
-    """Logits processor that draws each row's token from softmax(scores) by inverse transform sampling
-    (`algo.inverse_cdf`) with one uniform number from that row's own generator, and returns scores whose argmax
-    is that token (0 there, -inf elsewhere): each row's randomness is its own and the decoding loop's argmax
-    samples exactly. One random number per row and step: the Gumbel-max trick it replaces drew a float64 vector
-    of the whole vocabulary per row and took two logs of it (~20 ms of a ~170-ms decoding step at 64 rows of
-    SmolLM2's 49k vocabulary on a 2-core EPYC)."""
+class PerRowGumbel:
+    """Logits processor adding Gumbel(0, 1) noise drawn from one generator per row: argmax(scores + G) is a
+    draw from softmax(scores) (the Gumbel-max trick), with each row's randomness its own.
+
+    The noise is float64, made in place in one buffer: a fresh (B, V) float64 tensor per operation would
+    page-fault its memory in on every one of them (~10 ms each for 16 x 49k on this CPU). The buffer is returned
+    and is only read by the argmax before the next step overwrites it. An inverse-CDF draw (`algo.inverse_cdf`,
+    one uniform per row and step) is cheaper (~20 ms a step less at 64 rows of SmolLM2), but draws other tokens
+    from the same seeds; measured and not used here yet (see README, issue 14)."""
 
     def __init__(self, seeds: list[int]):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.buffer: torch.Tensor | None = None
 
     def keep(self, rows: list[int]) -> None:
         """Only these rows stay in the batch (the others have finished): their generators go on as they were."""
         self.generators = [self.generators[i] for i in rows]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
-        token = inverse_cdf(torch.softmax(scores.float(), dim=-1), u)
-        return torch.full_like(scores, float("-inf")).scatter_(1, token.unsqueeze(1), 0.0)
+        shape = (len(self.generators), scores.shape[-1])
+        if self.buffer is None or self.buffer.shape != shape:
+            self.buffer = torch.empty(shape, dtype=torch.float64)
+        noise = self.buffer
+        for row, g in zip(noise, self.generators):
+            row.uniform_(0.0, 1.0, generator=g)  # the values torch.rand(V, generator=g, dtype=float64) gives
+        noise.clamp_(1e-300, 1.0 - 1e-16).log_().neg_().log_().neg_()  # -log(-log(u))
+        return noise.add_(scores.to(noise.device))
 
 
 def base_config(actor: torch.nn.Module):
