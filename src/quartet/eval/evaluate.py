@@ -449,11 +449,7 @@ def sequence_logprobs(
     B, R = response_ids.shape
     ro = Rollout(prompt_ids, prompt_mask, response_ids, response_mask.float(), eos=torch.zeros(B, dtype=torch.bool))
     out = torch.zeros(3, B, R)  # logprobs, ref_logprobs, kl_full
-    # rows in order of length, each chunk cut to its longest row: the forwards cost the tokens sampled
-    order = torch.argsort(ro.total_lengths(), stable=True).tolist()
-    for start in range(0, B, batch_size):
-        rows = order[start : start + batch_size]
-        mb = ro.select(rows).trimmed()
+    for rows, mb in ro.by_length(batch_size):  # each chunk cut to its longest row: forwards cost the tokens sampled
         ids, mask, r = mb.input_ids, mb.attention_mask, mb.response_ids.shape[1]
         positions = position_ids_from_mask(mask)
         logits = _response_logits(model, ids, mask, positions, r) / temp

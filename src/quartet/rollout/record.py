@@ -8,6 +8,7 @@ response_mask is 1.0 on real response tokens, the EOS token included, and 0.0 on
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -90,9 +91,14 @@ class Rollout:
             out[f.name] = value
         return Rollout(**out)
 
-    def total_lengths(self) -> torch.Tensor:
-        """(B,) real prompt and response tokens of each row."""
-        return self.prompt_mask.sum(1) + self.response_mask.sum(1)
+    def by_length(self, size: int) -> Iterator[tuple[list[int], Rollout]]:
+        """Chunks of at most `size` rows in order of length (real prompt and response tokens), each cut to its
+        longest row (`trimmed`), with the indices of the rows they hold: forwards over them cost the tokens
+        sampled, not the whole rollout's longest prompt and answer in every row."""
+        order = torch.argsort(self.prompt_mask.sum(1) + self.response_mask.sum(1), stable=True).tolist()
+        for start in range(0, len(self), size):
+            rows = order[start : start + size]
+            yield rows, self.select(rows).trimmed()
 
 
 def response_mask_from_ids(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -118,15 +118,12 @@ class ExperienceMaker:
     def _chunked(self, forward, ro: Rollout) -> list[torch.Tensor | None]:
         """Run `forward` over micro-batches under autocast; its (B, R) outputs in row order, 0 on padding.
 
-        The rows go in order of length, each micro-batch cut to its own longest row (`Rollout.trimmed`): the
-        forwards then cost the tokens sampled, not the whole rollout's longest prompt and answer in every row."""
-        B, R, size = len(ro), ro.response_ids.shape[1], self.cfg.micro_batch_size
-        order = torch.argsort(ro.total_lengths(), stable=True).tolist()
+        The rows go in order of length, each micro-batch cut to its own longest row (`Rollout.by_length`)."""
+        B, R = len(ro), ro.response_ids.shape[1]
         outs: list[torch.Tensor | None] = [None, None, None]
-        for start in range(0, B, size):
-            rows = order[start : start + size]
+        for rows, mb in ro.by_length(self.cfg.micro_batch_size):
             with self.accelerator.autocast():
-                part = forward(ro.select(rows).trimmed())
+                part = forward(mb)
             for i, x in enumerate(part):
                 if x is not None:
                     if outs[i] is None:

@@ -1,0 +1,41 @@
+"""Rollout record: cutting padding (`trimmed`, `real_span`) and length-ordered chunks (`by_length`)."""
+
+from __future__ import annotations
+
+import torch
+
+from quartet.rollout.record import Rollout, position_ids_from_mask
+
+
+def _rollout() -> Rollout:
+    prompt_mask = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1], [0, 0, 1, 1]])
+    response_mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]]).float()
+    prompt_ids = torch.arange(1, 17).view(4, 4) * prompt_mask
+    response_ids = torch.arange(20, 40).view(4, 5) * response_mask.long()
+    return Rollout(prompt_ids, prompt_mask, response_ids, response_mask, eos=torch.ones(4, dtype=torch.bool),
+                   advantages=torch.randn(4, 5))
+
+
+def test_trimmed_keeps_every_real_token_at_its_position():
+    ro = _rollout()
+    assert ro.real_span() == (1, 4)  # prompt column 0 and response column 4 are padding in every row
+    cut = ro.trimmed()
+    assert cut.prompt_ids.shape == (4, 3) and cut.response_ids.shape == (4, 4) and cut.advantages.shape == (4, 4)
+    for full, short in ((ro.input_ids, cut.input_ids), (ro.attention_mask, cut.attention_mask)):
+        keep = ro.attention_mask.bool()
+        assert torch.equal(full[keep], short[cut.attention_mask.bool()])
+    real = ro.attention_mask.bool()
+    assert torch.equal(position_ids_from_mask(ro.attention_mask)[real],
+                       position_ids_from_mask(cut.attention_mask)[cut.attention_mask.bool()])
+    # a span taken from a larger set of rows cuts a subset to the same widths
+    assert ro.select([2]).trimmed(ro.real_span()).response_ids.shape == (1, 4)
+
+
+def test_by_length_yields_every_row_once_in_order_of_length_each_chunk_cut_to_its_own():
+    ro = _rollout()
+    chunks = list(ro.by_length(2))
+    assert [rows for rows, _ in chunks] == [[2, 0], [3, 1]]  # 2, 4, 5 and 7 real tokens
+    (_, short), (_, long) = chunks
+    assert short.prompt_ids.shape[1] == 2 and short.response_ids.shape[1] == 2
+    assert long.prompt_ids.shape[1] == 3 and long.response_ids.shape[1] == 4
+    assert torch.equal(long.advantages, ro.advantages[[3, 1], :4])
