@@ -2,8 +2,8 @@
 
 `HFEngine` samples with a KV cache, as transformers' `generate` does but dropping each answer from the
 batch once it has ended, from its own low-precision copy of the actor, refreshed from the training weights
-before each rollout (`sync`), the way vLLM-backed trainers do it. On CPU a bf16 copy makes sampling several times faster than fp32 and avoids
-re-casting the fp32 master weights at every decoding step.
+before each rollout (`sync`), the way vLLM-backed trainers do it. On CPU a bf16 copy makes sampling several
+times faster than fp32 and avoids re-casting the fp32 master weights at every decoding step.
 """
 
 from __future__ import annotations
@@ -190,10 +190,10 @@ class HFEngine:
         sampler = processors[-1] if processors is not None else None
         steps = 0
         for t in range(R):
-            logits = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                                use_cache=True, logits_to_keep=1)
-            cache = logits.past_key_values
-            scores = logits.logits[:, -1].float()
+            step = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                              use_cache=True, logits_to_keep=1)
+            cache = step.past_key_values
+            scores = step.logits[:, -1].float()
             token = (scores if processors is None else processors(feed, scores)).argmax(-1)
             out[rows, t] = token
             steps = t + 1
