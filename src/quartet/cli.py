@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
+        from quartet.allocator import retain_freed_memory
+
+        retain_freed_memory()  # every stage: freed memory is kept for the next step, not faulted in again
         return int(func(args) or 0)
     except QuartetError as e:
         print(f"error: {e}", file=sys.stderr)

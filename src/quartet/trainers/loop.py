@@ -77,6 +77,9 @@ def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
     """
     from accelerate.state import AcceleratorState
 
+    from quartet.allocator import retain_freed_memory
+
+    retain_freed_memory()  # no page faults on memory a step frees and the next takes again
     AcceleratorState._reset_state()
     # without a GPU, say so: then a multi-process launch (torchrun, or `accelerate launch` with the
     # configs/accelerate/ddp-cpu.yaml config) runs data-parallel over gloo instead of N separate runs
