@@ -13,8 +13,9 @@ models: policy, reference, a reward model and a value model, both made from the 
 with the same seeded scalar head (the value model starts from the reward model on both sides).
 
 Sides: trl (all fp32: TRL's bf16 flag is a no-op for PPO on CPU); quartet separate critic, full
-fine-tune, fp32 and auto (bf16 autocast where the CPU has it); quartet's own recipe: shared value
-head + LoRA, auto. Each side runs in its own process, so peak RSS (getrusage) is that side's alone.
+fine-tune, fp32 and auto (bf16 autocast where the CPU has it), and auto with activation checkpointing
+(`activation_checkpointing: selective` and `full`: less memory for more time); quartet's own recipe: shared
+value head + LoRA, auto. Each side runs in its own process, so peak RSS (getrusage) is that side's alone.
 By default the processes run in lockstep, one iteration each in turn (A B C D A B C D ...), so
 machine noise spreads over all sides; `--sequential` runs one side after the other instead (needed
 when all sides do not fit in memory at once: SmolLM2 x4 needs ~10 GB per side).
@@ -52,6 +53,12 @@ SIDES = {
                         "critic": "separate", "lora": False, "precision": "fp32"},
     "q-separate-auto": {"label": "Quartet, separate critic, full fine-tune, auto (bf16 autocast)",
                         "critic": "separate", "lora": False, "precision": "auto"},
+    "q-separate-auto-selective": {"label": "Quartet, separate critic, full fine-tune, auto, selective recompute",
+                                  "critic": "separate", "lora": False, "precision": "auto",
+                                  "activation_checkpointing": "selective"},
+    "q-separate-auto-full": {"label": "Quartet, separate critic, full fine-tune, auto, full recompute",
+                             "critic": "separate", "lora": False, "precision": "auto",
+                             "activation_checkpointing": "full"},
     "q-shared-lora": {"label": "Quartet, shared value head + LoRA, auto",
                       "critic": "shared", "lora": True, "precision": "auto"},
 }
@@ -152,6 +159,7 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
         "rollout_batch_size": BATCH, "minibatch_size": BATCH, "micro_batch_size": BATCH, "ppo_epochs": EPOCHS,
         "generation": {"max_new_tokens": NEW_TOKENS, "batch_size": BATCH, "temperature": 1.0},
         "critic": spec["critic"], "lora": {"enabled": spec["lora"]}, "precision": spec["precision"],
+        "activation_checkpointing": spec.get("activation_checkpointing", "none"),
         # TRL's PPO loop steps without clipping the gradient
         "optim": {"lr": LR, "adam_eps": 1e-5, "warmup_steps": 0, "max_grad_norm": None},
         "kl_coef": 0.05, "vf_coef": 0.1,

@@ -465,6 +465,10 @@ class PPOConfig:
     """LoRA actor with the adapter-disabled reference"""
     precision: Precision = "auto"
     """auto = bf16 autocast where the hardware has it"""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """recompute in the backward instead of holding (actor and separate critic): selective keeps each layer's
+    matrix products and redoes its element-wise work, full keeps each layer's input only (quartet.models.recompute;
+    SmolLM2 separate critic, bf16: peak 8.4 -> 7.3 GB selective, 6.5 GB full, for +10% / +22% update time)"""
     save_every: int = 0
     """checkpoint every N iterations (0 = only at the end)"""
     keep_checkpoints: int = 2

@@ -227,6 +227,28 @@ def test_one_backward_per_role_gives_the_joint_backwards_gradients(tmp_path):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
 
 
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_activation_checkpointing_makes_the_same_update(tmp_path, mode):
+    """Recomputing the actor's and the separate critic's activations changes what is held, not the update."""
+    runs = {}
+    for m in ("none", mode):
+        trainer = PPOTrainer(make_cfg(tmp_path / m, iterations=2, critic="separate", reference=TINY,
+                                      activation_checkpointing=m), progress=False)
+        on = [trainer.roles.actor.model.gradient_checkpointing,
+              trainer.roles.policy.critic.backbone.gradient_checkpointing]
+        assert on == [m != "none"] * 2
+        before = _params(trainer.model)
+        metrics = trainer.step(1)
+        runs[m] = (before, _params(trainer.model), metrics)
+    (b0, a0, m0), (b1, a1, m1) = runs["none"], runs[mode]
+    assert all(torch.equal(b1[n], b0[n]) for n in b1)
+    assert {n.split(".")[0] for n in a1 if not torch.equal(a1[n], b1[n])} == {"actor", "critic"}
+    for n in a1:
+        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-6)
+    for key in ("policy/loss", "value/loss", "optim/grad_norm"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+
+
 def test_bf16_reference_stores_its_linears_in_bf16_and_starts_at_zero_kl(tmp_path):
     """Under bf16 autocast the frozen reference keeps its linear layers in bf16 (less memory, no cast per
     forward); its log-probs are still those of the fp32 actor under the same autocast: KL exactly 0 at first."""

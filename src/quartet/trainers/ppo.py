@@ -48,6 +48,7 @@ from quartet.atomic import atomic_write_text, remove_stale_temporaries
 from quartet.config import PPO_PRESETS as PRESETS
 from quartet.config import PPOConfig, load_config, save_config, to_dict
 from quartet.errors import ConfigError, QuartetError
+from quartet.models.recompute import enable_activation_checkpointing
 from quartet.outputs import check_output_dir, run_lock, write_marker
 from quartet.rollout.engine import make_engine
 from quartet.rollout.record import Rollout
@@ -132,6 +133,12 @@ class PPOTrainer:
 
         # optimisation: one AdamW, the actor's and the critic's parameters as two groups
         policy = self.roles.policy
+        for role in (policy.actor, None if policy.shared_critic else policy.critic):
+            if role is not None:
+                try:
+                    enable_activation_checkpointing(role, cfg.activation_checkpointing)
+                except ValueError as e:
+                    raise ConfigError(f"ppo.activation_checkpointing: {e}") from None
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})
