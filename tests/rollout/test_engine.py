@@ -42,6 +42,39 @@ def test_sync_folds_lora_into_the_engine_copy():
     assert not any("lora" in k for k in merged_state_dict(actor))
 
 
+def test_an_engine_sharing_the_actors_weights_samples_what_a_copy_samples():
+    """share_weights: no copy; in fp32 the same tokens as an fp32 copy, in bf16 the actor under autocast (its
+    weights untouched, its train/eval mode restored, nothing recorded for autograd)."""
+    model, tok = load_causal_lm(TINY)
+    model.requires_grad_(True)  # an actor being trained
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5], [0, 4, 4, 4, 4]])
+    mask = (ids != 0).long()
+    gen = GenerationConfig(max_new_tokens=6, batch_size=6)
+    copy = HFEngine(model, tok, gen, dtype=torch.float32).generate(ids, mask, seed=4, num_samples=2)
+    shared_engine = HFEngine(model, tok, gen, dtype=torch.float32, share_weights=True)
+    assert shared_engine.model is model
+    model.train()
+    shared = shared_engine.generate(ids, mask, seed=4, num_samples=2)
+    assert model.training  # restored
+    assert torch.equal(shared.response_ids, copy.response_ids)
+
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    bf16 = HFEngine(model, tok, gen, dtype=torch.bfloat16, share_weights=True)
+    greedy = bf16.generate(ids, mask, greedy=True)
+    bf16_copy = HFEngine(model, tok, gen, dtype=torch.bfloat16).generate(ids, mask, greedy=True)
+    assert greedy.response_ids.shape == bf16_copy.response_ids.shape
+    assert (greedy.response_ids == bf16_copy.response_ids).float().mean() > 0.5  # bf16 matmuls, fp32 norms
+    assert all(torch.equal(p, before[n]) and p.dtype == torch.float32 and p.grad is None
+               for n, p in model.named_parameters())
+
+    bf16.sync(model)  # nothing to copy
+    other, _ = load_causal_lm(TINY)
+    with pytest.raises(RuntimeError, match="another model"):
+        bf16.sync(other)
+    with pytest.raises(ValueError, match="plain model"):
+        HFEngine(apply_lora(other, LoraConfig(enabled=True, r=4, alpha=8)), tok, gen, share_weights=True)
+
+
 def test_response_mask_keeps_eos_and_drops_what_follows():
     ids = torch.tensor([[5, 3, 9, 9], [5, 6, 7, 8]])
     mask, eos = response_mask_from_ids(ids, eos_id=3)

@@ -206,7 +206,7 @@ def test_ppo_with_the_vllm_engine_logs_the_gap_and_corrects_it(setup, tmp_path, 
     model, tok, cfg, engine = setup
     handed = []
 
-    def shared_engine(actor, tokenizer, gen_cfg, dtype):
+    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):
         assert gen_cfg.engine == "vllm"
         engine.cfg = gen_cfg
         handed.append(gen_cfg)
@@ -259,7 +259,7 @@ def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypa
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     started = []
 
-    def shared_engine(actor, tokenizer, gen_cfg, dtype):  # the suite's engine stands in for a second start
+    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):  # stands in for a second start
         assert gen_cfg.engine == "vllm" and gen_cfg.top_k == 0 and dtype == torch.bfloat16
         started.append(gen_cfg)
         engine.cfg, engine.tokenizer = gen_cfg, tokenizer
@@ -305,7 +305,7 @@ def test_label_with_the_vllm_engine_writes_judged_pairs(setup, tmp_path, monkeyp
     save_model(model, tok, tmp_path / "policy")
     started = []
 
-    def shared_engine(actor, tokenizer, gen_cfg, dtype):
+    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):
         started.append(gen_cfg)
         engine.cfg, engine.tokenizer = gen_cfg, tokenizer
         engine.sync(actor)
@@ -355,7 +355,7 @@ def test_two_processes_each_with_its_vllm_engine_equal_one(setup, tmp_path, monk
 
     model, tok, cfg, engine = setup
 
-    def shared_engine(actor, tokenizer, gen_cfg, dtype):
+    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):
         engine.cfg, engine.tokenizer = gen_cfg, tokenizer
         engine.sync(actor)
         return engine

@@ -114,6 +114,7 @@ def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp
     cfg = make_cfg(tmp_path, iterations=2, **{"lora.enabled": True, "lora.r": 4})
     trainer = PPOTrainer(cfg, progress=False)
     assert trainer.roles.reference is None
+    assert not trainer.experience.engine.shares_weights  # the engine samples a merged copy
     base0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if not p.requires_grad}
     lora0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if p.requires_grad}
     metrics = trainer.step(1)
@@ -237,6 +238,7 @@ def test_activation_checkpointing_makes_the_same_update(tmp_path, mode):
         on = [trainer.roles.actor.model.gradient_checkpointing,
               trainer.roles.policy.critic.backbone.gradient_checkpointing]
         assert on == [m != "none"] * 2
+        assert trainer.experience.engine.model is trainer.roles.actor  # a full fine-tune is sampled as it is
         before = _params(trainer.model)
         metrics = trainer.step(1)
         runs[m] = (before, _params(trainer.model), metrics)

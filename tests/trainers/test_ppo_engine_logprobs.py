@@ -28,7 +28,7 @@ class LogprobHFEngine(HFEngine):
 
 
 def run(tmp_path, monkeypatch, shift, **overrides):
-    def make(actor, tok, gen_cfg, dtype):
+    def make(actor, tok, gen_cfg, dtype, share_weights=False):  # an engine with its own copy, as vLLM
         engine = LogprobHFEngine(actor, tok, gen_cfg, dtype)
         engine.shift = shift
         return engine

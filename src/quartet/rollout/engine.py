@@ -98,18 +98,30 @@ def _lora_delta(layer, name: str, state: dict[str, torch.Tensor]):
 
 
 class HFEngine:
-    """Sampling with `model.generate` from a private copy of the actor in `dtype`."""
+    """Sampling with transformers from a private copy of the actor in `dtype`, or from the actor itself.
 
-    def __init__(self, actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype = torch.bfloat16):
+    `share_weights` (a plain, unsharded actor: PPO's full fine-tune) samples the actor's own weights under
+    autocast to `dtype`: no copy to hold or to sync. autocast casts each weight once per `generate` and keeps
+    the casts until it returns (the actor's weights are leaves that require grad), so the bf16 weights exist
+    while sampling only, not at the update's peak (SmolLM2: 270 MB in bf16, 540 MB in fp32 less at the peak).
+    The norms and the residual stream then run in the actor's fp32, where the copy ran them in bf16. Handed
+    gathered full weights by `sync` (the actor was sharded after the engine was made), it falls back to a copy.
+    """
+
+    def __init__(self, actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype = torch.bfloat16,
+                 share_weights: bool = False):
         self.tokenizer = tokenizer
         self.cfg = gen_cfg
         self.dtype = dtype
-        config = base_config(actor)
-        with no_init():
-            self.model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        contiguous_head_input(self.model)
-        fit_attention_to_shape(self.model)  # eager for the short sequences RLHF samples: see models/attention.py
-        self.model.eval().requires_grad_(False)
+        self.shares_weights = share_weights
+        if share_weights:
+            if hasattr(actor, "get_base_model"):
+                raise ValueError("HFEngine: share_weights takes a plain model (a LoRA actor is sampled merged)")
+            self.model = actor
+            contiguous_head_input(actor)
+            fit_attention_to_shape(actor)
+        else:
+            self.model = self._private_copy(actor)
         # decoding (`_decode`) always takes the argmax: sampling is the argmax of (logits / T, cut by top-k /
         # top-p, plus Gumbel noise from each row's own generator: `_sampler`), which draws exactly from that
         # softmax; the temperature, top-k (0 = off) and top-p of gen_cfg are applied there, not by transformers'
@@ -122,6 +134,13 @@ class HFEngine:
             use_cache=True,
         )
         self.sync(actor)
+
+    def _private_copy(self, actor: torch.nn.Module) -> torch.nn.Module:
+        with no_init():
+            model = transformers.AutoModelForCausalLM.from_config(base_config(actor), dtype=self.dtype)
+        contiguous_head_input(model)
+        fit_attention_to_shape(model)  # eager for the short sequences RLHF samples: see models/attention.py
+        return model.eval().requires_grad_(False)
 
     def _sampler(self, seeds: list[int]) -> transformers.LogitsProcessorList:
         from transformers.generation.logits_process import (
@@ -138,6 +157,15 @@ class HFEngine:
         return transformers.LogitsProcessorList([*warpers, PerRowGumbel(seeds)])
 
     def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
+        if self.shares_weights:
+            if state is None:  # the engine samples these very weights
+                if actor is not self.model:
+                    raise RuntimeError("engine weight sync: this engine samples another model's weights")
+                return
+            # gathered full weights: the actor was sharded after this engine was made (FSDP / ZeRO-3 in
+            # `prepare`), and shards cannot be sampled; from now on the engine holds a copy
+            self.shares_weights = False
+            self.model = self._private_copy(actor)
         state = merged_state_dict(actor, state)
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
@@ -151,6 +179,20 @@ class HFEngine:
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seed: int | None = None, num_samples: int = 1,
         greedy: bool = False, sample_offset: int = 0, seeds: list[int] | None = None,
     ) -> Rollout:
+        if not self.shares_weights:
+            return self._generate(prompt_ids, prompt_mask, seed, num_samples, greedy, sample_offset, seeds)
+        # the actor itself: in eval mode (no dropout; transformers' activation checkpointing is off), and under
+        # one autocast for the whole call, so each weight is cast once
+        training = self.model.training
+        weight = next(self.model.parameters())
+        self.model.eval()
+        try:
+            with torch.autocast(weight.device.type, dtype=self.dtype, enabled=self.dtype != weight.dtype):
+                return self._generate(prompt_ids, prompt_mask, seed, num_samples, greedy, sample_offset, seeds)
+        finally:
+            self.model.train(training)
+
+    def _generate(self, prompt_ids, prompt_mask, seed, num_samples, greedy, sample_offset, seeds) -> Rollout:
         seeds = row_seeds(seed, sample_offset, prompt_ids.shape[0] * num_samples, seeds)
         chunks = []
         per_call = max(1, self.cfg.batch_size // num_samples)  # prompts per generate call
@@ -302,7 +344,10 @@ def base_config(actor: torch.nn.Module):
     return config
 
 
-def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype) -> GenerationEngine:
+def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype,
+                share_weights: bool = False) -> GenerationEngine:
+    """The engine `gen_cfg.engine` names, sampling `actor` in `dtype`; `share_weights`: the HF engine samples
+    the actor's own weights instead of a copy (vLLM always holds its own)."""
     if gen_cfg.engine == "vllm":  # an optional extra, imported only when asked for
         from quartet.rollout.vllm_engine import VLLMEngine
 
@@ -314,4 +359,4 @@ def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype) 
             f"generation.engine: '{gen_cfg.engine}' has no engine in this version yet (the interface is "
             f"GenerationEngine in quartet.rollout.engine); use 'hf'"
         )
-    return HFEngine(actor, tokenizer, gen_cfg, dtype)
+    return HFEngine(actor, tokenizer, gen_cfg, dtype, share_weights=share_weights)

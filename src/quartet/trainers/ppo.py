@@ -145,8 +145,10 @@ class PPOTrainer:
         optimizer = loop.adamw(groups, weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
         scheduler = loop.make_scheduler(optimizer, cfg.optim, cfg.iterations * cfg.updates_per_iteration,
                                         self.accelerator.num_processes)
-        # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs
-        engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision))
+        # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs. A plain
+        # full-fine-tune actor (no LoRA to merge, nothing sharded) is sampled as it is: no copy at all
+        engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision),
+                             share_weights=cfg.generation.engine == "hf" and not cfg.lora.enabled and not self.sharded)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         groups = [g["params"] for g in self.optimizer.param_groups]
         # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
