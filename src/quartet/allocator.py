@@ -5,8 +5,8 @@ moving up to 32 MB) with a fresh `mmap` and returns them with `munmap`, and give
 the kernel once more than a threshold is free there. A training step frees and re-allocates gigabytes of
 activations, gradients and logits, so every step pays a page fault (and the kernel's zeroing) on each 4 KB it
 touches again: measured for SmolLM2-135M PPO (separate critic, 16 x 96 tokens, AVX-512 BF16 CPU, 2 threads):
-~400,000 faults per epoch (~1.6 GB touched afresh) against ~45,000 with the settings below, and 29-31 s instead
-of 31-33 s per 4-epoch update.
+350,000-470,000 faults per epoch (1.4-1.9 GB touched afresh), against 17,000 with the settings below once the
+heap has grown to the step's size (from the third iteration), and 29-31 s instead of 31-33 s per 4-epoch update.
 
 `retain_freed_memory()` sets what the field's launchers set with MALLOC_MMAP_MAX_ / MALLOC_TRIM_THRESHOLD_
 (or by preloading jemalloc or tcmalloc): no `mmap` for tensors, no trimming of the heap. Freed memory stays
