@@ -3,7 +3,9 @@
 `HFEngine` samples with a KV cache, as transformers' `generate` does but dropping each answer from the
 batch once it has ended, from its own low-precision copy of the actor, refreshed from the training weights
 before each rollout (`sync`), the way vLLM-backed trainers do it. On CPU a bf16 copy makes sampling several
-times faster than fp32 and avoids re-casting the fp32 master weights at every decoding step.
+times faster than fp32 and avoids re-casting the fp32 master weights at every decoding step. A plain actor
+can instead be sampled as it is (`share_weights`: autocast casts its weights once per `generate`), which holds
+no copy between rollouts.
 """
 
 from __future__ import annotations

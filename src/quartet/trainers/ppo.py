@@ -133,12 +133,12 @@ class PPOTrainer:
 
         # optimisation: one AdamW, the actor's and the critic's parameters as two groups
         policy = self.roles.policy
-        for role in (policy.actor, None if policy.shared_critic else policy.critic):
-            if role is not None:
-                try:
-                    enable_activation_checkpointing(role, cfg.activation_checkpointing)
-                except ValueError as e:
-                    raise ConfigError(f"ppo.activation_checkpointing: {e}") from None
+        self.separate_critic = policy.critic is not None and not policy.shared_critic
+        for role in [policy.actor, policy.critic] if self.separate_critic else [policy.actor]:
+            try:
+                enable_activation_checkpointing(role, cfg.activation_checkpointing)
+            except ValueError as e:
+                raise ConfigError(f"ppo.activation_checkpointing: {e}") from None
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})
@@ -148,12 +148,11 @@ class PPOTrainer:
         # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs. A plain
         # full-fine-tune actor (no LoRA to merge, nothing sharded) is sampled as it is: no copy at all
         engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision),
-                             share_weights=cfg.generation.engine == "hf" and not cfg.lora.enabled and not self.sharded)
+                             share_weights=not cfg.lora.enabled and not self.sharded)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         groups = [g["params"] for g in self.optimizer.param_groups]
         # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
         # veRL, which give it its own optimizer); a shared one trains the actor's backbone: one norm for all
-        self.separate_critic = policy.critic is not None and not policy.shared_critic
         self.clip_groups = groups if self.separate_critic else [[p for g in groups for p in g]]
         # one backward and one step per role (see _update): a separate critic, one process
         self.split_backward = self.separate_critic and self.accelerator.num_processes == 1
