@@ -251,6 +251,27 @@ def test_activation_checkpointing_makes_the_same_update(tmp_path, mode):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
 
 
+def test_lean_ops_make_the_same_update(tmp_path):
+    """The lean norms and SwiGLU product (quartet.models.lean_ops) change what the backward keeps, not the update:
+    both roles' layers get them, and a PPO step moves the weights as the plain modules do."""
+    runs = {}
+    for lean in (False, True):
+        trainer = PPOTrainer(make_cfg(tmp_path / str(lean), iterations=2, critic="separate", reference=TINY,
+                                      lean_ops=lean), progress=False)
+        layers = [trainer.roles.actor.model.layers[0], trainer.roles.policy.critic.backbone.layers[0]]
+        assert [getattr(layer.mlp, "_quartet_lean", False) for layer in layers] == [lean, lean]
+        before = _params(trainer.model)
+        metrics = trainer.step(1)
+        runs[lean] = (before, _params(trainer.model), metrics)
+    (b0, a0, m0), (b1, a1, m1) = runs[False], runs[True]
+    assert all(torch.equal(b1[n], b0[n]) for n in b1)
+    assert {n.split(".")[0] for n in a1 if not torch.equal(a1[n], b1[n])} == {"actor", "critic"}
+    for n in a1:
+        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-6)
+    for key in ("policy/loss", "value/loss", "optim/grad_norm"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+
+
 def test_bf16_reference_stores_its_linears_in_bf16_and_starts_at_zero_kl(tmp_path):
     """Under bf16 autocast the frozen reference keeps its linear layers in bf16 (less memory, no cast per
     forward); its log-probs are still those of the fp32 actor under the same autocast: KL exactly 0 at first."""

@@ -48,6 +48,7 @@ from quartet.atomic import atomic_write_text, remove_stale_temporaries
 from quartet.config import PPO_PRESETS as PRESETS
 from quartet.config import PPOConfig, load_config, save_config, to_dict
 from quartet.errors import ConfigError, QuartetError
+from quartet.models.lean_ops import apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
 from quartet.outputs import check_output_dir, run_lock, write_marker
 from quartet.rollout.engine import make_engine
@@ -135,6 +136,8 @@ class PPOTrainer:
         policy = self.roles.policy
         self.separate_critic = policy.critic is not None and not policy.shared_critic
         for role in [policy.actor, policy.critic] if self.separate_critic else [policy.actor]:
+            if cfg.lean_ops:
+                apply_lean_ops(role)
             try:
                 enable_activation_checkpointing(role, cfg.activation_checkpointing)
             except ValueError as e:
