@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -344,3 +345,24 @@ def test_precast_linears_give_the_autocast_outputs_bit_for_bit(tied):
     assert precast_linears(model, torch.float32) is model  # fp32: nothing to do, even for a trainable model
     with pytest.raises(ValueError, match="must be frozen"):
         precast_linears(model, torch.bfloat16)
+
+
+def test_precast_linears_lets_the_checkpoint_file_go(tmp_path):
+    """A model loaded from safetensors is a view of the file's memory map: once the linears are cast, nothing of
+    the model may keep the map (and every page the cast read) resident."""
+    import gc
+
+    from quartet.models import save_model
+
+    model, tok = load_causal_lm(TINY)
+    save_model(model, tok, tmp_path / "m")
+    weights = str((tmp_path / "m" / "model.safetensors").resolve())
+
+    def mapped() -> bool:
+        gc.collect()
+        return weights in Path("/proc/self/maps").read_text()
+
+    loaded, _ = load_causal_lm(str(tmp_path / "m"))
+    assert mapped()  # else this test shows nothing
+    precast_linears(loaded.eval().requires_grad_(False), torch.bfloat16)
+    assert not mapped()
