@@ -95,8 +95,12 @@ def test_k3_kl_in_the_loss_follows_the_reverse_kl(tmp_path):
 @pytest.mark.parametrize("advantage", sorted(ESTIMATORS))
 def test_every_estimator_learns_tiny_target(tmp_path, advantage):
     group = ESTIMATORS[advantage].group
+    # ReMax (one sample per prompt, the greedy answer's score as baseline) learns slowest here: after 30
+    # iterations seeds 0-3 reached 0.07-0.145 against a bar of 0.09-0.144 (2 failed), after 60 all of
+    # seeds 0-9 cleared it (0.114-0.235 against 0.09-0.124); 30 iterations made this test a seed lottery
+    iterations = 60 if advantage == "remax" else 30
     cfg = make_cfg(
-        tmp_path, advantage=advantage, critic="shared" if advantage == "gae" else None, iterations=30,
+        tmp_path, advantage=advantage, critic="shared" if advantage == "gae" else None, iterations=iterations,
         rollout_batch_size=8 if group else 32, samples_per_prompt=4 if group else 1, minibatch_size=16,
         micro_batch_size=16, ppo_epochs=2, **{"generation.batch_size": 32},
     )
@@ -105,7 +109,7 @@ def test_every_estimator_learns_tiny_target(tmp_path, advantage):
     result = trainer.train()
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     scores = [r["objective/score"] for r in records]
-    assert len(records) == 30
+    assert len(records) == iterations
     assert all(math.isfinite(v) for r in records for v in r.values() if isinstance(v, float))
     assert sum(scores[-5:]) / 5 > 2 * max(sum(scores[:5]) / 5, 0.05), (advantage, scores)
     assert any(not torch.equal(actor0[n], p) for n, p in trainer.roles.actor.named_parameters())
