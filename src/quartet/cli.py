@@ -121,6 +121,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        leave_process_group()
+
+
+def leave_process_group() -> None:
+    """End this process's part in a multi-process run (`accelerate launch`): the stages of one command share the
+    process group, so it is left once, when the command ends. A process that exited still in it could abort in
+    the group's destructor ("terminate called without an active exception", seen once in a 2-process test)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _terminate(signum, frame):

@@ -25,3 +25,19 @@ def test_bad_config_is_one_line_error(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == "error: iteratoins: unknown key (did you mean 'iterations'?)"
     assert "Traceback" not in out.stderr
+
+
+def test_a_command_leaves_the_process_group_at_its_end(tmp_path):
+    """Under `accelerate launch` the stages share one process group; the command leaves it when it ends, however it
+    ends (here: a one-line error), so no process exits still in it."""
+    import torch.distributed as dist
+
+    from quartet.cli import main
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        assert main(["doctor", str(tmp_path / "no-such-run")]) == 2
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

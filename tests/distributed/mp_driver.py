@@ -103,3 +103,6 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     stage, out, *overrides = sys.argv[1:]
     {"ppo": ppo, "sft": sft, "rm": rm}[stage](Path(out), overrides)
+    from quartet.cli import leave_process_group
+
+    leave_process_group()
