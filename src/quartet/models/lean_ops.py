@@ -84,6 +84,15 @@ def _same(module: nn.Module, forward, probe: torch.Tensor) -> bool:
         module.train(training)
 
 
+def _replace(module: nn.Module, forward, probe: torch.Tensor) -> bool:
+    """Give `module` the lean `forward` if it has not got it and the probe shows the two compute the same."""
+    if getattr(module, "_quartet_lean", False) or not _same(module, forward, probe):
+        return False
+    module.forward = types.MethodType(forward, module)
+    module._quartet_lean = True
+    return True
+
+
 def apply_lean_ops(model: nn.Module) -> int:
     """Replace the forwards of the RMSNorms and the MLP of every decoder layer in `model` (a transformers model, a
     PeftModel, a `quartet.models.Critic`) where a probe shows they compute the same; returns how many were
@@ -94,28 +103,16 @@ def apply_lean_ops(model: nn.Module) -> int:
             continue
         for name in ("input_layernorm", "post_attention_layernorm"):
             norm = getattr(layer, name)
-            if getattr(norm, "_quartet_lean", False):
-                continue
             weight = getattr(norm, "weight", None)
-            if (not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not hasattr(norm, "variance_epsilon")
-                    or weight.is_meta):
-                continue
-            probe = torch.randn(2, 3, weight.shape[0], device=weight.device, dtype=weight.dtype)
-            if _same(norm, _norm_forward, probe):
-                norm.forward = types.MethodType(_norm_forward, norm)
-                norm._quartet_lean = True
-                done += 1
+            if (isinstance(weight, torch.Tensor) and weight.dim() == 1 and not weight.is_meta
+                    and hasattr(norm, "variance_epsilon")):
+                probe = torch.randn(2, 3, weight.shape[0], device=weight.device, dtype=weight.dtype)
+                done += _replace(norm, _norm_forward, probe)
         mlp = layer.mlp
-        if getattr(mlp, "_quartet_lean", False) or not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")):
-            continue
-        if not isinstance(getattr(mlp, "act_fn", None), nn.SiLU) and type(getattr(mlp, "act_fn", None)).__name__ != "SiLUActivation":
+        if not all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")):
             continue
         width = getattr(mlp, "hidden_size", None) or getattr(mlp.gate_proj, "in_features", None)
-        if width is None:
-            continue
-        probe = torch.randn(2, 3, width, device=next(mlp.parameters()).device)
-        if _same(mlp, _mlp_forward, probe):
-            mlp.forward = types.MethodType(_mlp_forward, mlp)
-            mlp._quartet_lean = True
-            done += 1
+        if width is not None:
+            probe = torch.randn(2, 3, width, device=next(mlp.parameters()).device)
+            done += _replace(mlp, _mlp_forward, probe)
     return done
