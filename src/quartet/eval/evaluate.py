@@ -63,6 +63,7 @@ from quartet.atomic import atomic_write_text
 from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
+from quartet.models.packed import pack_linears
 from quartet.outputs import check_output_dir, write_marker
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
@@ -483,7 +484,10 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings
     if vllm_sampler is not None:
         response_ids = vllm_sampler.sample(model, tok, prompt_ids, prompt_mask, seeds, path)
     else:
-        sampler = model if s.sample_dtype == "fp32" else copy.deepcopy(model).to(DTYPES[s.sample_dtype])
+        sampler = model
+        if s.sample_dtype != "fp32":  # a low-precision copy that only samples: its linears laid out once
+            sampler = copy.deepcopy(model).to(DTYPES[s.sample_dtype])
+            pack_linears(sampler, rows=s.batch_size)
         response_ids = sample_responses(
             sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
             top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,

@@ -19,6 +19,7 @@ import transformers
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import contiguous_head_input, no_init
 from quartet.models.lora import full_weight
+from quartet.models.packed import pack_linears
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
 
@@ -142,7 +143,9 @@ class HFEngine:
             model = transformers.AutoModelForCausalLM.from_config(base_config(actor), dtype=self.dtype)
         contiguous_head_input(model)
         fit_attention_to_shape(model)  # eager for the short sequences RLHF samples: see models/attention.py
-        return model.eval().requires_grad_(False)
+        model.eval().requires_grad_(False)
+        pack_linears(model, rows=self.cfg.batch_size)  # laid out once for the CPU matmul: see models/packed.py
+        return model
 
     def _sampler(self, seeds: list[int]) -> transformers.LogitsProcessorList:
         from transformers.generation.logits_process import (
