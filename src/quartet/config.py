@@ -234,7 +234,8 @@ class LabelConfig:
     min_gap: float = 0.05
     """pairs whose score difference is at most this are ties and are dropped (and counted)"""
     output: str = "runs/label/preferences.jsonl"
-    """where the preference pairs are written (JSONL, atomically)"""
+    """where the preference pairs are written (JSONL, atomically); every sampled answer with its judge score goes
+    beside it, `<name>.samples.jsonl` (prompt, completion, score, sample)"""
     seed: int = 0
     """sampling seed"""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -282,6 +283,10 @@ class RewardConfig:
     """prompts for that normalisation (default: the prompts in `data`)"""
     normalize_samples: int = 64
     """how many policy responses the normalisation uses"""
+    normalize_responses: str | None = None
+    """answers the policy already sampled, to normalise on instead of sampling new ones: a file of `prompt` +
+    `completion` rows such as the label stage's `<name>.samples.jsonl` (the pipeline passes it when label sampled
+    as normalize_generation would); normalize_samples of them, one prompt's answers spread over the others'"""
     normalize_generation: GenerationConfig = field(default_factory=GenerationConfig)
     """sampling settings for those responses"""
     precision: Precision = "auto"

@@ -36,7 +36,7 @@ from quartet.config import (
 from quartet.errors import ConfigError, QuartetError
 from quartet.monitor.report import write_report
 from quartet.monitor.tracking import PipelineTracking
-from quartet.outputs import check_output_dir, check_output_file, write_marker
+from quartet.outputs import check_output_dir, write_marker
 from quartet.tasks import get_task, list_tasks
 
 
@@ -133,6 +133,10 @@ def wire(cfg: PipelineConfig, explicit: dict) -> PipelineConfig:
         cfg.rm.normalize_policy = policy
     if unset("rm", "normalize_prompts") and cfg.rm.normalize_prompts is None:
         cfg.rm.normalize_prompts = dataclasses.replace(cfg.label.prompts)
+    if unset("rm", "normalize_responses") and _label_answers_fit(cfg):
+        from quartet.trainers.label import samples_path
+
+        cfg.rm.normalize_responses = str(samples_path(cfg.label.output))  # no second round of sampling
     if unset("ppo", "policy"):
         cfg.ppo.policy = policy
     if unset("ppo", "reward"):
@@ -177,6 +181,19 @@ def _done(path: Path) -> bool:
     return (path / "config.json").is_file() if path.suffix == "" else path.is_file()
 
 
+def _label_answers_fit(cfg: PipelineConfig) -> bool:
+    """Whether the label stage's answers are what the reward model's normalisation would sample: the same policy,
+    prompts and sampling settings, and the answers file written (or about to be: a label output without one is
+    an earlier version's, and the normalisation samples anew)."""
+    from quartet.trainers.label import samples_path
+
+    sampling = ("temperature", "top_p", "top_k", "max_new_tokens")
+    label, rm = cfg.label, cfg.rm
+    return ("label" in cfg.stages and rm.normalize_policy == label.policy and rm.normalize_prompts == label.prompts
+            and all(getattr(label.generation, k) == getattr(rm.normalize_generation, k) for k in sampling)
+            and (samples_path(label.output).is_file() or not Path(label.output).exists()))
+
+
 def check_inputs(cfg: PipelineConfig) -> None:
     """Every input the configured stages will read, checked before the first stage starts, so a typo in
     the last stage does not cost the hours of the first ones: model names and dirs (config.json and
@@ -217,6 +234,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
             data("rm.data.path", sub.data)
             data("rm.eval_data.path", sub.eval_data)
             check("rm.normalize_policy", resolve_model, sub.normalize_policy or None)
+            check("rm.normalize_responses", check_data_path, sub.normalize_responses)
             data("rm.normalize_prompts.path", sub.normalize_prompts)
         elif stage in ("ppo", "dpo"):
             for key in ("policy", "reference", "critic_init"):
@@ -229,14 +247,17 @@ def check_inputs(cfg: PipelineConfig) -> None:
             check("eval.prompts", check_data_path, sub.prompts)
         # where it writes: each stage refuses a user's folder or file when it starts; say so before the first
         if stage == "label":
-            output = Path(sub.output)
-            check_output_file(output, output.with_name(f"{output.stem}.config.yaml").is_file(), "label.output")
+            from quartet.trainers.label import check_outputs
+
+            check_outputs(Path(sub.output))
         elif stage == "eval":
             check_output_dir(Path(cfg.output_dir) / "eval", "eval", key="out")
         else:
             check_output_dir(sub.output_dir, stage)
         if stage == "label":
-            made.add(os.path.normpath(sub.output))
+            from quartet.trainers.label import samples_path
+
+            made.update({os.path.normpath(sub.output), os.path.normpath(samples_path(sub.output))})
         elif stage != "eval":
             made.add(os.path.normpath(Path(sub.output_dir) / "model"))
 

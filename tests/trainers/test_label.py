@@ -8,7 +8,7 @@ import pytest
 from trainer_helpers import TINY, assert_one_line_error, run_cli, single_thread  # noqa: F401
 
 from quartet.config import DataConfig, LabelConfig, from_dict
-from quartet.data import load_preferences
+from quartet.data import load_preferences, load_samples
 from quartet.errors import QuartetError
 from quartet.trainers.label import LabelCounts, label, make_pairs
 
@@ -65,6 +65,25 @@ def test_label_writes_ordered_pairs_and_counts_ties(tmp_path, pairing):
     assert len(load_preferences(DataConfig(path=str(result.output)))) == len(rows)
     assert (tmp_path / "label" / "prefs.summary.md").is_file()
     assert (tmp_path / "label" / "prefs.config.yaml").is_file()
+    # every answer beside them, with the judge's score: K per prompt, the pairs' answers among them
+    answers = [json.loads(line) for line in (tmp_path / "label" / "prefs.samples.jsonl").read_text().splitlines()]
+    assert len(answers) == result.counts.samples == 12 * 4
+    assert [a["sample"] for a in answers] == [0, 1, 2, 3] * 12
+    scored = {(json.dumps(a["prompt"]), a["completion"]): a["score"] for a in answers}
+    for row in rows:
+        assert scored[json.dumps(row["prompt"]), row["chosen"]] == row["chosen_score"]
+        assert scored[json.dumps(row["prompt"]), row["rejected"]] == row["rejected_score"]
+    assert [(a.prompt, a.completion) for a in load_samples(DataConfig(path=str(result.output.with_name(
+        "prefs.samples.jsonl"))))] == [(a["prompt"], a["completion"]) for a in answers]
+
+
+def test_a_users_file_where_the_answers_go_is_refused(tmp_path):
+    (tmp_path / "label").mkdir()
+    (tmp_path / "label" / "prefs.samples.jsonl").write_text("mine\n")
+    with pytest.raises(QuartetError, match="prefs.samples.jsonl exists and was not written by Quartet"):
+        label(make_cfg(tmp_path))
+    assert [p.name for p in (tmp_path / "label").iterdir()] == ["prefs.samples.jsonl"]
+    assert (tmp_path / "label" / "prefs.samples.jsonl").read_text() == "mine\n"
 
 
 def test_same_seed_same_pairs(tmp_path):

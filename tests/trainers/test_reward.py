@@ -19,12 +19,13 @@ from trainer_helpers import (  # noqa: F401
     write_jsonl,
 )
 
-from quartet.config import RewardConfig, from_dict, load_config
-from quartet.data import render_conversation
+from quartet.config import DataConfig, RewardConfig, from_dict, load_config
+from quartet.data import load_samples, render_conversation
 from quartet.errors import QuartetError
 from quartet.models import load_reward_model
 from quartet.trainers.loop import split_train_eval
-from quartet.trainers.reward import _sample, bradley_terry_loss, train_reward
+from quartet.pipeline import load_pipeline
+from quartet.trainers.reward import _sample, _spread, bradley_terry_loss, train_reward
 
 
 def test_bradley_terry_by_hand():
@@ -103,6 +104,43 @@ def test_normalize_policy_gives_policy_answers_mean_0_std_1(tmp_path):
     scores = rm.score_texts([render_conversation(rm.tokenizer, p, r) for p, r in zip(prompts, responses)])
     assert statistics.fmean(scores) == pytest.approx(0.0, abs=1e-3)
     assert statistics.stdev(scores) == pytest.approx(1.0, abs=1e-2)
+
+
+def test_normalize_responses_normalises_on_answers_already_sampled(tmp_path):
+    """The label stage's answers file instead of a new round of sampling: normalize_samples answers spread over the
+    prompts (empty answers count: the policy gave them), and those score mean 0, std 1."""
+    rows = [{"prompt": f"say something about {w}", "completion": f"{w} {'is good' if k % 2 else ''}".strip(),
+             "score": 0.0, "sample": k} for w in WORDS[:8] for k in range(3)]
+    rows[1]["completion"] = ""
+    answers = write_jsonl(tmp_path / "answers.jsonl", rows)
+    cfg = make_cfg(tmp_path, n=40, epochs=1.0, normalize_policy="no/such/policy", normalize_responses=str(answers),
+                   normalize_samples=12)
+    result = train_reward(cfg)  # the policy is not loaded: its answers are given
+    assert result.normalized_on == f"12 answers from {answers}"
+    used = _spread(load_samples(DataConfig(path=str(answers))), 12)
+    assert [(a.prompt, a.completion) for a in used] == [(r["prompt"], r["completion"]) for r in rows[0::3] + rows[1:12:3]]
+    rm = load_reward_model(str(result.model_dir))
+    scores = rm.score_texts([render_conversation(rm.tokenizer, a.prompt, a.completion) for a in used])
+    assert statistics.fmean(scores) == pytest.approx(0.0, abs=1e-3)
+    assert statistics.stdev(scores) == pytest.approx(1.0, abs=1e-2)
+
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "p", "completion": 3}])
+    with pytest.raises(QuartetError, match=r"bad.jsonl.*row 1.*field 'completion' must be text, got a number"):
+        train_reward(make_cfg(tmp_path, normalize_responses=str(bad), output_dir=str(tmp_path / "rm2")))
+    assert not (tmp_path / "rm2").exists()
+
+
+def test_the_pipeline_normalises_on_the_label_stages_answers_when_they_are_draws_of_the_same_sampling(tmp_path):
+    (tmp_path / "pipe.yaml").write_text(json.dumps({"output_dir": str(tmp_path / "run"), "task": "tiny-target"}))
+    cfg = load_pipeline(str(tmp_path / "pipe.yaml"))
+    assert cfg.rm.normalize_responses == str(tmp_path / "run" / "label" / "preferences.samples.jsonl")
+    for override in ["label.generation.temperature=0.7", "rm.normalize_generation.max_new_tokens=16",
+                     "rm.normalize_prompts.path=task:tiny-target/eval", "rm.normalize_policy=other", "stages=[sft, rm, ppo]"]:
+        assert load_pipeline(str(tmp_path / "pipe.yaml"), [override]).rm.normalize_responses is None, override
+    # a label output of an earlier version (no answers file) is reused as it is: the normalisation samples anew
+    (tmp_path / "run" / "label").mkdir(parents=True)
+    (tmp_path / "run" / "label" / "preferences.jsonl").write_text("")
+    assert load_pipeline(str(tmp_path / "pipe.yaml")).rm.normalize_responses is None
 
 
 def test_margin_and_centering_options_train(tmp_path):

@@ -1,7 +1,7 @@
 """Datasets in, token ids out: read and validate rows, render chat templates, encode and pad.
 
 - readers.py   ``read_table``: JSONL / JSON / CSV / Parquet / save_to_disk dirs / ``task:<name>/<split>``
-- schemas.py   ``load_prompts`` / ``load_sft`` / ``load_preferences``: rows -> validated examples
+- schemas.py   ``load_prompts`` / ``load_sft`` / ``load_preferences`` / ``load_samples``: rows -> validated examples
 - templates.py ``render_prompt`` / ``split_conversation`` / ``render_conversation``: chat text
 - collate.py   ``encode_prompts`` / ``encode_sft`` / ``encode_pairs`` / ``left_pad`` / ``right_pad``
 """
@@ -24,6 +24,7 @@ from quartet.data.schemas import (
     SFTExample,
     load_preferences,
     load_prompts,
+    load_samples,
     load_sft,
 )
 from quartet.data.templates import (
@@ -51,6 +52,7 @@ __all__ = [
     "left_pad",
     "load_preferences",
     "load_prompts",
+    "load_samples",
     "load_sft",
     "read_rows",
     "read_table",

@@ -47,6 +47,7 @@ FIELDS = {
     "prompts": ("prompt", "messages"),
     "sft": ("prompt", "completion", "messages"),
     "preferences": ("prompt", "chosen", "rejected", "margin"),
+    "samples": ("prompt", "completion"),
 }
 
 
@@ -85,6 +86,22 @@ def load_sft(cfg: DataConfig) -> list[SFTExample]:
             completion = msgs[last]["content"]
         out.append(SFTExample(prompt, completion))
     return _done(out, table, "SFT examples")
+
+
+def load_samples(cfg: DataConfig) -> list[SFTExample]:
+    """A policy's answers: rows with `prompt` + `completion`, where a completion may be empty (an empty answer is
+    one the policy gave). The label stage writes them (`<output>.samples.jsonl`)."""
+    table, col = _open(cfg, "samples")
+    out = []
+    for i, row in enumerate(table.rows):
+        where = table.where(i)
+        prompt = _prompt(row, col["prompt"], where)
+        _require(row, col["completion"], where)
+        completion = row[col["completion"]]
+        if not isinstance(completion, str):
+            raise DataError(f"{where}: field '{col['completion']}' must be text, got {_kind(completion)}")
+        out.append(SFTExample(prompt, completion))
+    return _done(out, table, "policy answers")
 
 
 def load_preferences(cfg: DataConfig) -> list[PreferenceExample]:

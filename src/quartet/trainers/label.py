@@ -1,5 +1,8 @@
 """Stage 2, AI feedback: sample K answers per prompt, let a judge score them, keep the clear pairs.
 
+Beside the pairs, every answer goes to `<output stem>.samples.jsonl` with its score: what the judge saw, and draws
+from the policy that the reward model's normalisation can use instead of sampling again (`rm.normalize_responses`).
+
 InstructGPT had labellers rank K answers; here a judge (any reward function, e.g. a task's gold
 judge) scores them instead. Pairing: the best against the worst answer of each prompt, or every pair
 whose score gap exceeds `min_gap`. Pairs at most `min_gap` apart are ties: dropped and counted, as are
@@ -66,9 +69,21 @@ class LabelResult:
 def label(cfg: LabelConfig, overwrite: bool = False) -> LabelResult:
     validate(cfg)
     output = Path(cfg.output)
-    check_output_file(output, overwrite or _sidecar(output, "config.yaml").is_file(), "label.output")
+    check_outputs(output, overwrite)
     with run_lock(output, "label.output"):
         return _label(cfg, output)
+
+
+def check_outputs(output: Path, overwrite: bool = False) -> None:
+    """Refuse to write the pairs or the answers file over a folder or a file Quartet did not write."""
+    owned = overwrite or _sidecar(output, "config.yaml").is_file()
+    check_output_file(output, owned, "label.output")
+    check_output_file(samples_path(output), owned, "label.output (its answers file)")
+
+
+def samples_path(output: str | Path) -> Path:
+    """Where the label stage writing `output` puts every answer it sampled, with its score."""
+    return _sidecar(Path(output), "samples.jsonl")
 
 
 def _label(cfg: LabelConfig, output: Path) -> LabelResult:
@@ -88,7 +103,7 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
 
     # 2. sample K answers per prompt and score them, a batch of prompts at a time
     counts = LabelCounts(prompts=len(prompts))
-    rows, all_scores = [], []
+    rows, all_scores, samples = [], [], []
     per_call = max(1, cfg.generation.batch_size // cfg.num_samples)  # prompts per generate call
     bar = Progress(len(prompts), "label", keys={"label/pairs": "pairs", "label/ties": "ties"}, every=per_call)
     for start in range(0, len(prompts), per_call):
@@ -100,6 +115,8 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
         all_scores += scores
         for j, i in enumerate(chunk):
             k = slice(j * cfg.num_samples, (j + 1) * cfg.num_samples)
+            samples += [{"prompt": prompts[i], "completion": answer, "score": score, "sample": n}
+                        for n, (answer, score) in enumerate(zip(answers[k], scores[k]))]
             for chosen, rejected, cs, rs in make_pairs(answers[k], scores[k], cfg.pairing, cfg.min_gap, counts):
                 rows.append({"prompt": prompts[i], "chosen": chosen, "rejected": rejected,
                              "chosen_score": cs, "rejected_score": rs})
@@ -113,8 +130,10 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
             f"{counts.empty} empty answers); lower min_gap or raise num_samples / temperature"
         )
 
-    # 3. write the pairs (atomically) + the config and a summary beside them
-    atomic_write_text(output, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    # 3. write every answer, then the pairs (each atomically; the pairs file last: it marks the stage done), the
+    #    config and a summary beside them
+    atomic_write_text(samples_path(output), _jsonl(samples))
+    atomic_write_text(output, _jsonl(rows))
     save_config(cfg, _sidecar(output, "config.yaml"))
     gaps = [r["chosen_score"] - r["rejected_score"] for r in rows]
     result = LabelResult(output, counts, statistics.fmean(all_scores), statistics.fmean(gaps), timer.seconds,
@@ -138,7 +157,8 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
                 "prompts with < 2 distinct answers": counts.too_few,
                 "mean chosen - rejected score": result.gap_mean,
             },
-            "output": {"preference pairs": output, "next": f"quartet rm data.path={output}"},
+            "output": {"preference pairs": output, "every answer with its score": samples_path(output),
+                       "next": f"quartet rm data.path={output}"},
         },
     )
     atomic_write_text(result.summary, summary)
@@ -189,6 +209,10 @@ def _report(cfg: LabelConfig, result: LabelResult) -> None:
                   "label/score_mean": result.score_mean, "label/gap_mean": result.gap_mean,
                   "timing/total": result.seconds}, 0)
     trackers.finish()
+
+
+def _jsonl(rows: list[dict]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
 def _sidecar(output: Path, suffix: str) -> Path:

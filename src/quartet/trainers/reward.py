@@ -23,8 +23,16 @@ import torch
 import torch.nn.functional as F
 
 from quartet.atomic import atomic_write_text
-from quartet.config import RewardConfig, load_config, save_config, validate
-from quartet.data import encode_pairs, encode_prompts, left_pad, load_preferences, load_prompts, right_pad
+from quartet.config import DataConfig, RewardConfig, load_config, save_config, validate
+from quartet.data import (
+    encode_pairs,
+    encode_prompts,
+    left_pad,
+    load_preferences,
+    load_prompts,
+    load_samples,
+    right_pad,
+)
 from quartet.errors import DataError, ModelError
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
 from quartet.models.loading import check_context
@@ -76,7 +84,9 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
     if cfg.margin:
         _check_margins(train_ex, cfg.data.path)
     norm_prompts = load_prompts(cfg.normalize_prompts) if cfg.normalize_prompts is not None else None
-    if cfg.normalize_policy:  # it samples after training: a bad policy fails now, not after the last step
+    norm_answers = _spread(load_samples(DataConfig(path=cfg.normalize_responses)), cfg.normalize_samples) \
+        if cfg.normalize_responses else None
+    if cfg.normalize_policy and norm_answers is None:  # it samples after training: a bad policy fails now
         try:
             model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
         except ModelError as e:
@@ -118,7 +128,7 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
             metrics.close()
         # 3. normalise: the policy's answers (or, without a policy, the training responses) -> mean 0, std 1
         rm = accelerator.unwrap_model(rm, keep_fp32_wrapper=False)
-        mean, std, normalized_on = _normalization(cfg, rm, train_ex, norm_prompts, max_len)
+        mean, std, normalized_on = _normalization(cfg, rm, train_ex, norm_prompts, norm_answers, max_len)
         rm.set_normalization(mean, std)
         if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
             save_reward_model(rm, run_dir / "model")
@@ -232,10 +242,15 @@ def evaluate(rm, loader) -> RewardEval:
 
 
 # --------------------------------------------------------------------------- normalisation
-def _normalization(cfg: RewardConfig, rm, train_ex, norm_prompts, max_len) -> tuple[float, float, str]:
-    """(mean, std) of raw scores on the policy's answers, or on the training responses without a policy."""
+def _normalization(cfg: RewardConfig, rm, train_ex, norm_prompts, norm_answers, max_len) -> tuple[float, float, str]:
+    """(mean, std) of raw scores on the policy's answers (given, or sampled now), or on the training responses
+    without a policy."""
     tok = rm.tokenizer
-    if cfg.normalize_policy:
+    if norm_answers is not None:
+        ids = encode_pairs(tok, [a.prompt for a in norm_answers], [a.completion for a in norm_answers], max_len,
+                           cfg.data.chat_template)
+        where = f"{len(ids)} answers from {cfg.normalize_responses}"
+    elif cfg.normalize_policy:
         prompts = _normalization_prompts(cfg, norm_prompts, train_ex)
         responses = _sample(cfg, prompts)
         ids = encode_pairs(tok, prompts, responses, max_len, cfg.data.chat_template)
@@ -252,6 +267,16 @@ def _normalization(cfg: RewardConfig, rm, train_ex, norm_prompts, max_len) -> tu
         log.warning("rm: normalisation scores are all equal (std %.2g); keeping std = 1", std)
         std = 1.0
     return mean, std, where
+
+
+def _spread(answers: list, n: int) -> list:
+    """The first `n` of a policy's answers taken across prompts: every prompt's first answer, then every prompt's
+    second, ..., so K answers per prompt do not fill the sample with a few prompts."""
+    by_prompt: dict[str, list] = {}
+    for a in answers:
+        by_prompt.setdefault(json.dumps(a.prompt, sort_keys=True), []).append(a)
+    rounds = max(map(len, by_prompt.values()), default=0)
+    return [group[j] for j in range(rounds) for group in by_prompt.values() if j < len(group)][:n]
 
 
 def _normalization_prompts(cfg: RewardConfig, norm_prompts, train_ex) -> list:
