@@ -131,6 +131,13 @@ def test_lora_base_held_in_bf16_computes_and_merges_as_the_fp32_base():
         assert torch.equal(held(input_ids=ids).logits, actor(input_ids=ids).logits)
         with adapter_disabled(held), adapter_disabled(actor):
             assert torch.equal(held(input_ids=ids).logits, actor(input_ids=ids).logits)
+    # and the adapters' gradients, though the LoRA layers now take their bf16 input without peft's cast to fp32
+    assert not any(m.cast_input_dtype_enabled for m in held.modules() if hasattr(m, "base_layer"))
+    for model in (held, actor):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=ids).logits.float().log_softmax(-1).mean().backward()
+    grads = {n: p.grad for n, p in actor.named_parameters() if p.requires_grad}
+    assert all(torch.equal(p.grad, grads[n]) for n, p in held.named_parameters() if p.requires_grad)
     ours, theirs = merged_copy(held).state_dict(), merged_copy(actor).state_dict()
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     ours, theirs = merged_state_dict(held), merged_state_dict(actor)

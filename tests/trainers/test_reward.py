@@ -23,8 +23,8 @@ from quartet.config import DataConfig, RewardConfig, from_dict, load_config
 from quartet.data import load_samples, render_conversation
 from quartet.errors import QuartetError
 from quartet.models import load_reward_model
-from quartet.trainers.loop import split_train_eval
 from quartet.pipeline import load_pipeline
+from quartet.trainers.loop import split_train_eval
 from quartet.trainers.reward import _sample, _spread, bradley_terry_loss, train_reward
 
 

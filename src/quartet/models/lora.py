@@ -80,6 +80,9 @@ def precast_lora_base(model, dtype: torch.dtype) -> None:
     forward: under autocast in `dtype` the forwards are the same, bit for bit, without casting 135M weights per
     forward (SmolLM2 LoRA PPO step: ~15% faster on a 2-core EPYC with AVX-512 BF16). The full-precision
     originals are kept beside them (`full_weight`), so a merge or a save is made from them, as without this.
+    The LoRA layers also take their input as it comes (peft's `cast_input_dtype_enabled` off): peft would cast
+    the bf16 input to the adapter's fp32 and autocast cast it straight back, the same values through two copies
+    per layer and forward (SmolLM2 LoRA step at 8 x 130 tokens: ~2.5 -> 2.3 s).
     For models run under autocast only; a no-op for fp32 or a model without LoRA."""
     if dtype == torch.float32 or not is_peft_model(model):
         return
@@ -88,6 +91,7 @@ def precast_lora_base(model, dtype: torch.dtype) -> None:
     for module in model.modules():
         if not isinstance(module, LoraLayer):
             continue
+        module.cast_input_dtype_enabled = False
         base = module.get_base_layer()
         if not isinstance(base, nn.Linear):
             continue

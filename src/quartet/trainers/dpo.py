@@ -36,7 +36,7 @@ from quartet.data import (
 )
 from quartet.errors import DataError
 from quartet.eval.evaluate import sample_responses, sample_seed
-from quartet.models import apply_lora, load_causal_lm, make_reference, save_model
+from quartet.models import apply_lora, load_causal_lm, make_reference, precast_lora_base, save_model
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
@@ -116,6 +116,8 @@ def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
     reference = make_reference(model, cfg.reference) if cfg.reference or probe else None
     accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
     sharding.refuse_unsupported(accelerator, "dpo", {"DPO (use DDP)": True})
+    if cfg.lora.enabled:  # the frozen base in the autocast dtype (the adapter-disabled reference runs on it too)
+        precast_lora_base(model, loop.generation_dtype(cfg.precision))
     model.to(accelerator.device)
     if reference is not None and not reference.shared:
         reference.model.to(accelerator.device)

@@ -21,7 +21,7 @@ from quartet.atomic import atomic_write_text
 from quartet.config import SFTConfig, load_config, save_config, validate
 from quartet.data import IGNORE_INDEX, encode_sft, load_sft, right_pad
 from quartet.errors import DataError
-from quartet.models import apply_lora, load_causal_lm, save_model
+from quartet.models import apply_lora, load_causal_lm, precast_lora_base, save_model
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.trainers import loop, sharding
 
@@ -60,6 +60,8 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)
     accelerator = loop.make_accelerator(cfg.precision, grad_accum=1)  # accumulation is done by hand (_train)
+    if cfg.lora.enabled and not sharding.accelerator_shards(accelerator):  # the frozen base in the autocast dtype
+        precast_lora_base(model, loop.generation_dtype(cfg.precision))
     collate = _Collate(tok.pad_token_id)
     train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
     eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
