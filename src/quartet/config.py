@@ -41,9 +41,17 @@ class LoraConfig:
     """adapter dropout (kept 0 for RL: dropout makes log-probs of the same tokens disagree)"""
     target_modules: Any = "all-linear"
     """module names to adapt, or "all-linear" """
+    layers_to_transform: list | None = None
+    """indices of the decoder layers to adapt (peft's option of that name); None: every layer. Adapting only the top
+    layers also stops the backward below the lowest adapted one"""
 
     def validate(self, where: str) -> None:
         _positive(self.r, f"{where}.r")
+        layers = self.layers_to_transform
+        if layers is not None and (not isinstance(layers, list) or not layers or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)):
+            raise ConfigError(f"{where}.layers_to_transform: must be a non-empty list of layer indices (integers "
+                              f">= 0), got {layers!r}")
         _positive(self.alpha, f"{where}.alpha")
         _in_range(self.dropout, 0.0, 1.0, f"{where}.dropout")
         if not self.dropout < 1:  # p = 1 zeroes every adapter input

@@ -143,3 +143,32 @@ def test_lora_base_held_in_bf16_computes_and_merges_as_the_fp32_base():
     ours, theirs = merged_state_dict(held), merged_state_dict(actor)
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k].float(), theirs[k]) for k in ours)
     assert all(m.base_layer.weight.dtype == torch.bfloat16 for m in held.modules() if hasattr(m, "base_layer"))
+
+
+def test_adapting_the_top_layers_only_stops_the_backward_below_them():
+    """`layers_to_transform`: adapters in the listed decoder layers only (every linear of them, "all-linear"),
+    and the backward does not run through the layers below the lowest one."""
+    reached = {}
+    for layers in (None, [1]):
+        model, _ = load_causal_lm(TINY)
+        actor = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8, layers_to_transform=layers))
+        adapted = {n.split(".layers.")[1].split(".")[0] for n, p in actor.named_parameters() if p.requires_grad}
+        assert adapted == ({"0", "1"} if layers is None else {"1"})
+        bottom = actor.get_base_model().model.layers[0]
+        reached[str(layers)] = False
+        bottom.register_full_backward_hook(lambda *a, key=str(layers): reached.__setitem__(key, True))
+        actor(input_ids=torch.tensor([[5, 6, 7]])).logits.sum().backward()
+    assert reached == {"None": True, "[1]": False}
+
+
+@pytest.mark.parametrize("layers, message", [
+    ([], "must be a non-empty list"), ([-1], "must be a non-empty list"), ("top", "must be a non-empty list"),
+    ([2], "layer 2 does not exist .the model has 2 decoder layers, 0-1."),
+])
+def test_bad_layers_to_transform(layers, message):
+    from quartet.errors import ConfigError
+
+    cfg = LoraConfig(enabled=True, layers_to_transform=layers)
+    with pytest.raises((ConfigError, ModelError), match=message):
+        cfg.validate("lora")
+        apply_lora(load_causal_lm(TINY)[0], cfg)

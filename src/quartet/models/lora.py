@@ -39,12 +39,21 @@ def apply_lora(model: nn.Module, lora_cfg: LoraConfig, task_type: str = "CAUSAL_
         target = list(target)
     elif not isinstance(target, str):
         raise ModelError(f'lora.target_modules: expected "all-linear" or a list of names, got {target!r}')
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if lora_cfg.layers_to_transform is not None and layers is not None and max(lora_cfg.layers_to_transform) >= layers:
+        raise ModelError(f"lora.layers_to_transform: layer {max(lora_cfg.layers_to_transform)} does not exist (the "
+                         f"model has {layers} decoder layers, 0-{layers - 1})")
+    if target == "all-linear" and lora_cfg.layers_to_transform is not None:  # peft takes names with layer indices
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        target = sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                         if isinstance(m, nn.Linear) and m is not head})
     peft_cfg = PeftLoraConfig(
         task_type=task_type,
         r=lora_cfg.r,
         lora_alpha=lora_cfg.alpha,
         lora_dropout=lora_cfg.dropout,
         target_modules=target,
+        layers_to_transform=lora_cfg.layers_to_transform,
     )
     try:
         return get_peft_model(model, peft_cfg)
