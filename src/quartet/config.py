@@ -47,11 +47,6 @@ class LoraConfig:
 
     def validate(self, where: str) -> None:
         _positive(self.r, f"{where}.r")
-        layers = self.layers_to_transform
-        if layers is not None and (not isinstance(layers, list) or not layers or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)):
-            raise ConfigError(f"{where}.layers_to_transform: must be a non-empty list of layer indices (integers "
-                              f">= 0), got {layers!r}")
         _positive(self.alpha, f"{where}.alpha")
         _in_range(self.dropout, 0.0, 1.0, f"{where}.dropout")
         if not self.dropout < 1:  # p = 1 zeroes every adapter input
@@ -62,6 +57,11 @@ class LoraConfig:
                 f"{where}.target_modules: must be \"all-linear\" or a non-empty list of module names, "
                 f"got {self.target_modules!r}"
             )
+        layers = self.layers_to_transform
+        if layers is not None and (not isinstance(layers, list) or not layers or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)):
+            raise ConfigError(f"{where}.layers_to_transform: must be a non-empty list of layer indices (integers "
+                              f">= 0), got {layers!r}")
 
 
 @dataclass

@@ -86,6 +86,26 @@ def test_a_users_file_where_the_answers_go_is_refused(tmp_path):
     assert (tmp_path / "label" / "prefs.samples.jsonl").read_text() == "mine\n"
 
 
+def test_a_label_run_killed_while_writing_can_run_again(tmp_path, monkeypatch):
+    """Killed after the answers file, before the pairs: the files beside the config are Quartet's, so the same
+    command runs again (and the stage counts as done only once the pairs are written)."""
+    import quartet.trainers.label as stage
+
+    real = stage.atomic_write_text
+
+    def killed_at_the_pairs(path, text):
+        if path.name == "prefs.jsonl":
+            raise KeyboardInterrupt
+        return real(path, text)
+
+    monkeypatch.setattr(stage, "atomic_write_text", killed_at_the_pairs)
+    with pytest.raises(KeyboardInterrupt):
+        label(make_cfg(tmp_path))
+    assert (tmp_path / "label" / "prefs.samples.jsonl").is_file() and not (tmp_path / "label" / "prefs.jsonl").exists()
+    monkeypatch.setattr(stage, "atomic_write_text", real)
+    assert label(make_cfg(tmp_path)).output.is_file()
+
+
 def test_same_seed_same_pairs(tmp_path):
     a = label(make_cfg(tmp_path / "a")).output.read_text()
     b = label(make_cfg(tmp_path / "b")).output.read_text()

@@ -130,11 +130,11 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
             f"{counts.empty} empty answers); lower min_gap or raise num_samples / temperature"
         )
 
-    # 3. write every answer, then the pairs (each atomically; the pairs file last: it marks the stage done), the
-    #    config and a summary beside them
+    # 3. the config (it marks the files beside it as Quartet's, so a run killed while writing them can be run
+    #    again), every answer, then the pairs (each atomically; the pairs last: they mark the stage done), a summary
+    save_config(cfg, _sidecar(output, "config.yaml"))
     atomic_write_text(samples_path(output), _jsonl(samples))
     atomic_write_text(output, _jsonl(rows))
-    save_config(cfg, _sidecar(output, "config.yaml"))
     gaps = [r["chosen_score"] - r["rejected_score"] for r in rows]
     result = LabelResult(output, counts, statistics.fmean(all_scores), statistics.fmean(gaps), timer.seconds,
                          summary=_sidecar(output, "summary.md"))
