@@ -43,7 +43,8 @@ class LoraConfig:
     """module names to adapt, or "all-linear" """
     layers_to_transform: list | None = None
     """indices of the decoder layers to adapt (peft's option of that name); None: every layer. Adapting only the top
-    layers also stops the backward below the lowest adapted one"""
+    layers also stops the backward below the lowest adapted one, and PPO then runs the frozen layers below it once
+    per rollout instead of in every forward (models/trunk.py)"""
 
     def validate(self, where: str) -> None:
         _positive(self.r, f"{where}.r")

@@ -39,3 +39,15 @@ def test_by_length_yields_every_row_once_in_order_of_length_each_chunk_cut_to_it
     assert short.prompt_ids.shape[1] == 2 and short.response_ids.shape[1] == 2
     assert long.prompt_ids.shape[1] == 3 and long.response_ids.shape[1] == 4
     assert torch.equal(long.advantages, ro.advantages[[3, 1], :4])
+
+
+def test_trunk_states_are_cut_with_the_tokens_they_belong_to():
+    """(B, T, H) trunk states: `trimmed` keeps the columns of the tokens it keeps, `select` the rows."""
+    ro = _rollout()
+    ro.trunk = ro.input_ids.float()[:, :, None].expand(4, 9, 2).clone()  # each state names its token
+    for rows in ([0, 1, 2, 3], [2], [3, 1]):
+        part = ro.select(rows)
+        for cut in (part.trimmed(), part.trimmed(ro.real_span())):
+            assert cut.trunk.shape[:2] == cut.input_ids.shape
+            assert torch.equal(cut.trunk[:, :, 0], cut.input_ids.float())
+            assert torch.equal(cut.trunk[:, :, 1], cut.input_ids.float())

@@ -126,6 +126,38 @@ def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp
     assert any(not torch.equal(lora0[n], named[n]) for n in lora0)
 
 
+def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path):
+    """`lora.layers_to_transform` above layer 0: the layers below run once per rollout (models/trunk.py), not in
+    the old-log-prob, reference and every update forward; the step is that of full forwards."""
+    tiny2 = TINY.replace("layers=1", "layers=2")
+    lora = {"policy": tiny2, "lora.enabled": True, "lora.r": 4, "lora.layers_to_transform": [1]}
+    runs = {}
+    for name in ("trunk", "full"):
+        trainer = PPOTrainer(make_cfg(tmp_path / name, iterations=2, **lora), progress=False)
+        if name == "full":
+            trainer.roles.policy.trunk = None
+        assert (trainer.roles.policy.trunk is not None) == (name == "trunk")
+        bottom = trainer.roles.actor.get_base_model().model.layers[0]
+        calls = []
+        bottom.register_forward_hook(lambda *a, calls=calls: calls.append(1))
+        base0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if not p.requires_grad}
+        lora0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if p.requires_grad}
+        metrics = trainer.step(1)
+        named = dict(trainer.roles.actor.named_parameters())
+        assert all(torch.equal(base0[n], named[n]) for n in base0)
+        assert any(not torch.equal(lora0[n], named[n]) for n in lora0)
+        assert all(math.isfinite(v) for v in metrics.values())
+        runs[name] = metrics, {n: p.detach().clone() for n, p in named.items() if p.requires_grad}, len(calls)
+    (m_trunk, w_trunk, calls_trunk), (m_full, w_full, calls_full) = runs["trunk"], runs["full"]
+    assert calls_trunk == 16 // 4  # one forward per micro-batch of the rollout
+    assert calls_full == 16 // 4 * 2 + 2 * 16 // 4  # old log-probs, reference, 2 epochs of 4 micro-batches
+    assert m_trunk["objective/kl"] == pytest.approx(0.0, abs=1e-6)  # the reference ran on the trunk too
+    for key in ("policy/loss", "value/loss", "policy/clipfrac", "policy/entropy"):
+        assert m_trunk[key] == pytest.approx(m_full[key], rel=1e-4, abs=1e-6), key
+    for n in w_full:
+        torch.testing.assert_close(w_trunk[n], w_full[n], rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("critic", ["shared", "separate"])
 def test_critic_warmup_trains_only_the_critic_first(tmp_path, critic):
     cfg = make_cfg(tmp_path, iterations=3, critic=critic, critic_warmup=2, reference=TINY,

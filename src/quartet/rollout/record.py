@@ -32,6 +32,7 @@ class Rollout:
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
     engine_logprobs: torch.Tensor | None = None  # (B, R) the sampling engine's own log-prob of each token (vLLM), 0 on padding
+    trunk: torch.Tensor | None = None  # (B, T, H) the actor's frozen bottom layers' output (models/trunk.py)
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -79,14 +80,16 @@ class Rollout:
         not that of the longest answer in the whole rollout. Positions count real tokens (`position_ids_from_mask`),
         so every real token sees the same context and position as before. (B, R) fields are cut like the
         responses. `span`: the columns to keep, `real_span()` of a larger set of rows that holds these."""
-        R = self.response_ids.shape[1]
+        P, R = self.prompt_ids.shape[1], self.response_ids.shape[1]
         first, last = span if span is not None else self.real_span()
         if first == 0 and last == R:
             return self
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor) and value.dim() == 2:
+            if f.name == "trunk" and value is not None:  # (B, T, H): the kept prompt and response columns
+                value = value[:, first : P + last]
+            elif isinstance(value, torch.Tensor) and value.dim() == 2:
                 value = value[:, first:] if f.name in ("prompt_ids", "prompt_mask") else value[:, :last]
             out[f.name] = value
         return Rollout(**out)

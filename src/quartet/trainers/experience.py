@@ -24,10 +24,13 @@ import torch
 
 from quartet.algo.offpolicy import logprob_gap
 from quartet.data import left_pad, prompt_text
-from quartet.rollout.record import Rollout
+from quartet.rollout.record import Rollout, position_ids_from_mask
 from quartet.rollout.scoring import shape_scores
 from quartet.trainers import sharding
 from quartet.trainers.ppo_roles import Roles, actor_logprobs
+
+TRUNK_BUDGET_BYTES = 1 << 30
+"""the most a rollout's frozen-trunk states (float32, B x T x H) may hold; a larger rollout runs full forwards"""
 
 
 @dataclass
@@ -97,11 +100,15 @@ class ExperienceMaker:
         timing["timing/score"] = time.perf_counter() - t
 
         t = time.perf_counter()
+        trunk = self.roles.policy.trunk
+        ro.trunk = self._trunk_states(trunk, ro) if trunk is not None else None
         ro.old_logprobs, entropy, ro.values = self._chunked(lambda mb: model(mb), ro)
         timing["timing/forward"] = time.perf_counter() - t
         t = time.perf_counter()
+        shared = trunk if self.roles.reference is None else None  # the adapter-disabled actor: the same trunk
         with self.roles.reference_model() as ref:
-            ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature), ro)[0]
+            ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature, trunk=shared),
+                                            ro)[0]
         timing["timing/reference"] = time.perf_counter() - t
 
         if self.accelerator.num_processes > 1:
@@ -131,6 +138,25 @@ class ExperienceMaker:
                     outs[i][rows, : x.shape[1]] = x
         mask = ro.response_mask
         return [None if x is None else x * mask for x in outs]
+
+    def _trunk_states(self, trunk, ro: Rollout) -> torch.Tensor | None:
+        """(B, T, H) the output of the actor's frozen bottom layers for every token of the rollout, computed in
+        the same micro-batches as the forwards; None where it would take more than TRUNK_BUDGET_BYTES."""
+        B, T = ro.prompt_ids.shape[0], ro.prompt_ids.shape[1] + ro.response_ids.shape[1]
+        H = trunk.backbone.config.hidden_size
+        if B * T * H * 4 > TRUNK_BUDGET_BYTES:
+            return None
+        P = ro.prompt_ids.shape[1]
+        out = None
+        for rows, mb in ro.by_length(self.cfg.micro_batch_size):
+            ids, mask = mb.input_ids, mb.attention_mask
+            with self.accelerator.autocast():
+                states = trunk.states(ids, mask, position_ids_from_mask(mask))
+            if out is None:
+                out = torch.zeros(B, T, H, dtype=states.dtype, device=states.device)
+            first = P - mb.prompt_ids.shape[1]  # the columns this chunk kept (`Rollout.trimmed`)
+            out[rows, first : first + states.shape[1]] = states
+        return out
 
     def batch_indices(self, iteration: int) -> list[int]:
         """This process's prompts for `iteration`: a seeded permutation per pass over the prompts, consumed

@@ -50,6 +50,7 @@ from quartet.config import PPOConfig, load_config, save_config, to_dict
 from quartet.errors import ConfigError, QuartetError
 from quartet.models.lean_ops import apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
+from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, run_lock, write_marker
 from quartet.rollout.engine import make_engine
 from quartet.rollout.record import Rollout
@@ -142,6 +143,10 @@ class PPOTrainer:
                 enable_activation_checkpointing(role, cfg.activation_checkpointing)
             except ValueError as e:
                 raise ConfigError(f"ppo.activation_checkpointing: {e}") from None
+        if self.accelerator.num_processes == 1 and not self.sharded:
+            # LoRA on the top layers only: the frozen layers below run once per rollout (models/trunk.py)
+            compute = loop.generation_dtype(cfg.precision)
+            policy.trunk = Trunk.attach(policy.actor, compute if compute != torch.float32 else None)
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})

@@ -44,6 +44,7 @@ class PolicyModel(nn.Module):
         self.critic = critic
         self.shared_critic = shared_critic and critic is not None
         self.temperature = float(temperature)
+        self.trunk = None  # the actor's frozen bottom layers (models/trunk.py), set by the trainer where it pays
 
     def forward(self, ro: Rollout, with_entropy_grad: bool = False, part: str = "both"):
         """`part`: "both"; or, with a separate critic, "actor" (values None) or "critic" (log-probs and
@@ -51,7 +52,8 @@ class PolicyModel(nn.Module):
         if part == "critic":
             return None, None, self._separate_values(ro)
         logprobs, entropy, hidden = actor_logprobs(
-            self.actor, ro, self.temperature, with_entropy_grad=with_entropy_grad, hidden=self.shared_critic
+            self.actor, ro, self.temperature, with_entropy_grad=with_entropy_grad, hidden=self.shared_critic,
+            trunk=self.trunk,
         )
         values = None
         if self.shared_critic:
@@ -166,20 +168,25 @@ def _inputs(ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def actor_logprobs(
-    model: nn.Module, ro: Rollout, temperature: float, *, with_entropy_grad: bool = False, hidden: bool = False
+    model: nn.Module, ro: Rollout, temperature: float, *, with_entropy_grad: bool = False, hidden: bool = False,
+    trunk=None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probs of the sampled responses under `model` at `temperature`:
     (logprobs (B, R), entropy (B, R), hidden states before each response token (B, R, H) or None).
 
     Positions skip left padding exactly as `generate` did. The entropy keeps its graph only when
-    asked (an entropy bonus); otherwise it is a detached statistic.
+    asked (an entropy bonus); otherwise it is a detached statistic. `trunk`: the frozen bottom layers of
+    `model` (models/trunk.py); where the rollout holds their output (`ro.trunk`), only the layers above run.
     """
     ids, mask, pos = _inputs(ro)
     P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=R + 1,
-        output_hidden_states=hidden, use_cache=False,
-    )
+    common = dict(attention_mask=mask, position_ids=pos, logits_to_keep=R + 1, output_hidden_states=hidden,
+                  use_cache=False)
+    if trunk is not None and ro.trunk is not None:
+        with trunk.top():
+            out = model(inputs_embeds=ro.trunk, **common)
+    else:
+        out = model(input_ids=ids, **common)
     # logits at t predict token t + 1
     logprobs, entropy = logprobs_and_entropy(out.logits[:, :-1], ro.response_ids, temperature,
                                              entropy_grad=with_entropy_grad)

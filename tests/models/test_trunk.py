@@ -1,0 +1,100 @@
+"""The frozen trunk (models/trunk.py): which layers it holds, trunk + top = the full forward and its gradients."""
+
+from __future__ import annotations
+
+import torch
+
+from quartet.config import LoraConfig
+from quartet.models import apply_lora, load_causal_lm, precast_lora_base
+from quartet.models.trunk import Trunk, frozen_depth
+
+TINY4 = "tiny:llama?hidden=32&layers=4&heads=4&kv_heads=2&vocab=260&seed=1"
+
+
+def _actor(layers):
+    model, _ = load_causal_lm(TINY4)
+    return apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8, layers_to_transform=layers))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 260, (3, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    mask[2, :1] = 0
+    return ids, mask, (mask.cumsum(1) - 1).clamp(min=0)
+
+
+def test_depth_is_the_frozen_unadapted_bottom():
+    assert frozen_depth(_actor([2, 3])) == 2
+    assert frozen_depth(_actor([1, 3])) == 1
+    assert frozen_depth(_actor(None)) == 0  # every layer adapted
+    assert frozen_depth(load_causal_lm(TINY4)[0]) == 0  # full fine-tune: the embedding trains
+    frozen_adapter = _actor([3])
+    for p in frozen_adapter.parameters():
+        p.requires_grad_(False)
+    assert frozen_depth(frozen_adapter) == 3  # an adapter frozen or not is not part of the trunk
+    assert Trunk.attach(_actor(None)) is None
+
+
+def _loss(actor, ids, mask, pos, trunk=None):
+    if trunk is None:
+        out = actor(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False)
+    else:
+        states = trunk.states(ids, mask, pos)
+        with trunk.top():
+            out = actor(inputs_embeds=states, attention_mask=mask, position_ids=pos, use_cache=False)
+    logits = out.logits.float()
+    return logits, logits.log_softmax(-1)[mask.bool()].mean()
+
+
+def test_trunk_and_top_give_the_full_forward_and_its_gradients():
+    ids, mask, pos = _batch()
+    actor = _actor([2, 3])
+    for p in actor.parameters():  # LoRA B starts at zero: move it so the adapters change the forward
+        if p.requires_grad:
+            p.data.normal_(0, 0.1, generator=torch.Generator().manual_seed(p.numel()))
+    trunk = Trunk.attach(actor)
+    assert trunk is not None and trunk.depth == 2
+    assert len(actor.get_base_model().model.layers) == 4  # the model's own layers are back after the probe
+    full, loss = _loss(actor, ids, mask, pos)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in actor.named_parameters() if p.requires_grad}
+    actor.zero_grad(set_to_none=True)
+    top, loss_top = _loss(actor, ids, mask, pos, trunk)
+    loss_top.backward()
+    real = mask.bool()
+    assert torch.equal(full[real], top[real])
+    assert all(torch.equal(grads[n], p.grad) for n, p in actor.named_parameters() if p.requires_grad)
+    with actor.disable_adapter():  # the reference shares the trunk: its bottom layers are the actor's
+        ref_full, _ = _loss(actor, ids, mask, pos)
+        ref_top, _ = _loss(actor, ids, mask, pos, trunk)
+    assert torch.equal(ref_full[real], ref_top[real])
+    assert not torch.equal(ref_full[real], full[real])
+
+
+def test_trunk_under_bf16_autocast_with_a_precast_base():
+    ids, mask, pos = _batch()
+    actor = _actor([3])
+    precast_lora_base(actor, torch.bfloat16)
+    trunk = Trunk.attach(actor, torch.bfloat16)
+    assert trunk is not None
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full, _ = _loss(actor, ids, mask, pos)
+        top, _ = _loss(actor, ids, mask, pos, trunk)
+    assert torch.equal(full[mask.bool()], top[mask.bool()])
+
+
+def test_a_backbone_that_transforms_inputs_embeds_gets_no_trunk():
+    """As Gemma's scales them: the trunk's output would be transformed again, so the probe refuses it."""
+    actor = _actor([2, 3])
+    backbone = actor.get_base_model().model
+
+    def scale(module, args, kwargs):
+        if kwargs.get("inputs_embeds") is not None:
+            kwargs["inputs_embeds"] = kwargs["inputs_embeds"] * 2.0
+        return args, kwargs
+
+    backbone.register_forward_pre_hook(scale, with_kwargs=True)
+    assert frozen_depth(actor) == 2
+    assert Trunk.attach(actor) is None
