@@ -11,7 +11,7 @@ from torch import nn
 
 from quartet.config import GenerationConfig, LoraConfig
 from quartet.models import apply_lora, load_causal_lm
-from quartet.models.packed import PackedLinear, can_pack, pack_linears
+from quartet.models.packed import PackedLinear, can_pack, pack_linears, tie_output
 from quartet.rollout.engine import HFEngine
 
 GQA = "tiny:llama?hidden=48&layers=2&heads=6&kv_heads=2&vocab=300&seed=5"
@@ -51,24 +51,48 @@ def test_a_packed_model_gives_the_same_logits_and_takes_new_weights():
     assert all(torch.equal(state[k], v) for k, v in other.state_dict().items())
 
 
-def test_only_frozen_bf16_linears_are_packed_and_a_tied_head_stays():
+def _tied(model):
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.config.tie_word_embeddings = True
+    return model
+
+
+def test_only_frozen_bf16_linears_are_packed():
     fp32, _ = load_causal_lm(GQA)
     assert pack_linears(fp32.requires_grad_(False)) == 0  # fp32: oneDNN would sum in another order than MKL
     model, _ = load_causal_lm(GQA, dtype=torch.bfloat16)
     assert pack_linears(model) == 0  # trainable weights
-    model.requires_grad_(False)
-    model.lm_head.weight = model.model.embed_tokens.weight
-    model.config.tie_word_embeddings = True
-    expected = 2 * 7 if can_pack(torch.bfloat16) else 0
-    assert pack_linears(model) == expected
-    assert type(model.lm_head) is nn.Linear and model.lm_head.weight is model.model.embed_tokens.weight
 
 
 @needs_bf16
-def test_the_engine_copy_is_packed_and_synced(monkeypatch):
+def test_a_tied_head_gets_its_own_packed_copy_and_follows_new_embeddings():
+    model = _tied(load_causal_lm(GQA, dtype=torch.bfloat16)[0]).eval().requires_grad_(False)
+    plain = copy.deepcopy(model)
+    embedding = model.model.embed_tokens.weight
+    assert pack_linears(model) == 2 * 7 + 1
+    assert isinstance(model.lm_head, PackedLinear) and model.model.embed_tokens.weight is embedding  # stays plain
+    ids = torch.randint(4, 300, (3, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, plain(input_ids=ids).logits)
+        # new weights without the head's key (a state dict of tied weights may hold only the embedding)
+        other = _tied(load_causal_lm(GQA.replace("seed=5", "seed=6"), dtype=torch.bfloat16)[0])
+        state = {k: v for k, v in other.state_dict().items() if k != "lm_head.weight"}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        assert missing == ["lm_head.weight"] and not unexpected
+        tie_output(model)
+        assert torch.equal(model(input_ids=ids).logits, other(input_ids=ids).logits)
+        tie_output(plain)  # a plain model: transformers' tie_weights
+        assert plain.lm_head.weight is plain.model.embed_tokens.weight
+
+
+@needs_bf16
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_engine_copy_is_packed_and_synced(monkeypatch, tied):
     """The HF engine's bf16 copy of a LoRA actor: packed, and each sync lays the merged weights out again; its
-    logits are those of the same engine copy unpacked."""
+    logits are those of the same engine copy unpacked. A tied head follows the embedding (full fine-tune)."""
     model, tok = load_causal_lm(GQA)
+    if tied:
+        model = _tied(model)
     actor = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
     gen = GenerationConfig(max_new_tokens=5, batch_size=4)
     engine = HFEngine(actor, tok, gen, dtype=torch.bfloat16)
@@ -76,10 +100,13 @@ def test_the_engine_copy_is_packed_and_synced(monkeypatch):
     plain = HFEngine(actor, tok, gen, dtype=torch.bfloat16)
     assert any(isinstance(m, PackedLinear) for m in engine.model.modules())
     assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
+    assert isinstance(engine.model.lm_head, PackedLinear) and engine.model.lm_head.tied == tied
     with torch.no_grad():
         for name, p in actor.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
+        if tied:  # as a full fine-tune moves the tied embedding
+            actor.get_base_model().model.embed_tokens.weight.normal_(0, 0.5)
     engine.sync(actor)
     plain.sync(actor)
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])

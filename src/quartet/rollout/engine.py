@@ -19,7 +19,7 @@ import transformers
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import contiguous_head_input, no_init
 from quartet.models.lora import full_weight
-from quartet.models.packed import pack_linears
+from quartet.models.packed import pack_linears, tie_output
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
 
@@ -177,7 +177,7 @@ class HFEngine:
         if missing or unexpected:
             raise RuntimeError(f"engine weight sync mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
         if getattr(self.model.config, "tie_word_embeddings", False):
-            self.model.tie_weights()
+            tie_output(self.model)  # a packed head is laid out again from the new embedding
 
     @torch.no_grad()
     def generate(
