@@ -126,11 +126,14 @@ def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp
     assert any(not torch.equal(lora0[n], named[n]) for n in lora0)
 
 
-def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path):
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path, recompute):
     """`lora.layers_to_transform` above layer 0: the layers below run once per rollout (models/trunk.py), not in
-    the old-log-prob, reference and every update forward; the step is that of full forwards."""
+    the old-log-prob, reference and every update forward; the step is that of full forwards (with activation
+    checkpointing too, which runs the top layers' forwards again in the backward)."""
     tiny2 = TINY.replace("layers=1", "layers=2")
-    lora = {"policy": tiny2, "lora.enabled": True, "lora.r": 4, "lora.layers_to_transform": [1]}
+    lora = {"policy": tiny2, "lora.enabled": True, "lora.r": 4, "lora.layers_to_transform": [1],
+            "activation_checkpointing": recompute}
     runs = {}
     for name in ("trunk", "full"):
         trainer = PPOTrainer(make_cfg(tmp_path / name, iterations=2, **lora), progress=False)
