@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import json
@@ -180,6 +181,94 @@ def test_disable_dropout_zeroes_float_attributes():
     model.config.attention_dropout = 0.3
     disable_dropout(model)
     assert attn.attention_dropout == 0.0 and model.config.attention_dropout == 0.0
+
+
+def _write_tiny_llama_gguf(path: Path, hidden=16, layers=2, heads=2, kv_heads=1, ffn=32) -> Path:
+    """A float32 llama GGUF with a byte-level BPE vocabulary: what transformers reads from SmolLM2's file."""
+    import gguf
+    import numpy as np
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    rng = np.random.default_rng(0)
+    tokens = [*bytes_to_unicode().values(), "Ġt", "he", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tiny")
+    w.add_block_count(layers)
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 3) + [3] * 3)
+    w.add_token_merges(["Ġ t", "h e"])
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_pad_token_id(len(tokens) - 3)
+
+    def rand(*shape):
+        return (rng.standard_normal(shape) * 0.1).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", rand(len(tokens), hidden))
+    kv = kv_heads * hidden // heads
+    for i in range(layers):
+        for name, shape in [("attn_q", (hidden, hidden)), ("attn_k", (kv, hidden)), ("attn_v", (kv, hidden)),
+                            ("attn_output", (hidden, hidden)), ("ffn_gate", (ffn, hidden)),
+                            ("ffn_up", (ffn, hidden)), ("ffn_down", (hidden, ffn))]:
+            w.add_tensor(f"blk.{i}.{name}.weight", rand(*shape))
+        w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(hidden, np.float32))
+        w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(hidden, np.float32))
+    w.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_gguf_is_parsed_once_per_load_and_loads_the_same_model(tmp_path, monkeypatch):
+    import gguf
+
+    from quartet.models import loading
+
+    path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parses = []
+
+    def counting_reader(*args, **kwargs):
+        parses.append(args[0])
+        return real_reader(*args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
+    model, tok = load_causal_lm(str(path), cache=False)
+    assert len(parses) == 1  # transformers asks three times: tokenizer, config, weights
+    assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is real_map  # both put back
+
+    parses.clear()
+    monkeypatch.setattr(loading, "_gguf_parsed_once", contextlib.nullcontext)  # transformers on its own
+    loading._GGUF_TOKENIZERS.clear()
+    plain_model, plain_tok = load_causal_lm(str(path), cache=False)
+    assert len(parses) > 1
+    assert model.config.to_dict() == plain_model.config.to_dict()
+    plain = plain_model.state_dict()
+    assert all(torch.equal(t, plain[k]) for k, t in model.state_dict().items()) and plain.keys() == model.state_dict().keys()
+    assert tok.get_vocab() == plain_tok.get_vocab() and tok.pad_token == plain_tok.pad_token == "<|endoftext|>"
+    assert tok("the hat").input_ids == plain_tok("the hat").input_ids
+
+
+def test_gguf_parse_once_puts_gguf_back_after_an_error(tmp_path):
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(_write_tiny_llama_gguf(tmp_path / "whole.gguf").read_bytes()[:200])
+    with pytest.raises(ModelError, match="cut.gguf|cannot"):
+        load_causal_lm(str(bad), cache=False)
+    assert gguf.GGUFReader is real_reader and gguf.get_tensor_name_map is real_map
 
 
 def test_strip_quantization_removes_only_a_gguf_tag(tmp_path):

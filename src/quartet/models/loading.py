@@ -268,28 +268,70 @@ def is_causal_model_type(model_type: str) -> bool:
 def _load_gguf(source: ModelSource, dtype: torch.dtype, cache: bool):
     key = (source.key, dtype)
     if key not in _GGUF_CACHE:
-        from transformers import AutoModelForCausalLM, GgufConfig
-
-        tokenizer = _load_gguf_tokenizer(source)
-        try:
-            # dequantize=True: transformers 5 otherwise keeps the weights packed in GGUF blocks when
-            # the `kernels` package is installed, and packed weights cannot be trained.
-            model = AutoModelForCausalLM.from_pretrained(
-                source.path,
-                gguf_file=source.gguf_file,
-                dtype=dtype,
-                quantization_config=GgufConfig(dequantize=True),
-                local_files_only=True,
-            )
-        except (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error) as e:  # a cut GGUF: struct.error
-            raise ModelError(f"model '{source.name}': cannot load GGUF ({_first_line(e)})") from None
-        strip_quantization(model)
+        with _gguf_parsed_once():
+            model, tokenizer = _load_gguf_uncached(source, dtype)
         if not cache:
             return model, tokenizer
         _GGUF_CACHE.clear()  # keep one: the cache is for repeated loads of the run's model
         _GGUF_CACHE[key] = (model, tokenizer)
     model, tokenizer = _GGUF_CACHE[key]
     return copy.deepcopy(model), copy.deepcopy(tokenizer)
+
+
+def _load_gguf_uncached(source: ModelSource, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    tokenizer = _load_gguf_tokenizer(source)
+    try:
+        # dequantize=True: transformers 5 otherwise keeps the weights packed in GGUF blocks when
+        # the `kernels` package is installed, and packed weights cannot be trained.
+        model = AutoModelForCausalLM.from_pretrained(
+            source.path,
+            gguf_file=source.gguf_file,
+            dtype=dtype,
+            quantization_config=GgufConfig(dequantize=True),
+            local_files_only=True,
+        )
+    except (OSError, ValueError, KeyError, RuntimeError, IndexError, struct.error) as e:  # a cut GGUF: struct.error
+        raise ModelError(f"model '{source.name}': cannot load GGUF ({_first_line(e)})") from None
+    strip_quantization(model)
+    return model, tokenizer
+
+
+@contextlib.contextmanager
+def _gguf_parsed_once():
+    """Within the block, gguf-py parses a file once and builds a tensor-name table once per shape.
+
+    transformers reads a GGUF for the tokenizer, again for the config and again for the weights, each time a
+    full `GGUFReader` parse (for SmolLM2 ~300k header values, its 49k-token vocabulary), and rebuilds
+    gguf-py's tensor-name table for every submodule it walks (~400 times). Both are pure functions of their
+    arguments (a read-only memory map; a table that is only looked up), so the block hands out one of each.
+    transformers imports both names from `gguf` when it calls them: the block swaps them there and puts them
+    back after.
+    """
+    import gguf
+
+    real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers, maps = {}, {}
+
+    def reader(path, mode="r"):
+        if mode != "r":
+            return real_reader(path, mode)
+        key = os.path.realpath(path)
+        if key not in readers:
+            readers[key] = real_reader(path, mode)
+        return readers[key]
+
+    def name_map(arch, n_blocks):
+        if (arch, n_blocks) not in maps:
+            maps[arch, n_blocks] = real_map(arch, n_blocks)
+        return maps[arch, n_blocks]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = real_reader, real_map
 
 
 _GGUF_TOKENIZERS: dict[str, object] = {}
