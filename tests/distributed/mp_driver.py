@@ -95,6 +95,9 @@ def sft(out: Path, overrides: list[str]) -> None:
 
 
 def rm(out: Path, overrides: list[str]) -> None:
+    from quartet.trainers import reward
+
+    reward.CHUNK_ROWS = 3  # several forwards before each backward (under DDP too), one chunk with a partial row set
     _supervised(out, overrides, "rm", [{"prompt": f"q{i}", "chosen": "yes " * (1 + i % 3), "rejected": "no"}
                                        for i in range(32)])
 

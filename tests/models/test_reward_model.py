@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 
 from quartet.config import LoraConfig
 from quartet.data import render_conversation
 from quartet.errors import ModelError
 from quartet.models import RewardModel, ScalarHead, apply_lora, load_reward_model, save_reward_model
 from quartet.models.attention import fit_attention_to_shape
-from quartet.models.tiny import build_tiny_tokenizer
 
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 TEXTS = ["short one<|im_end|>", "a somewhat longer response text<|im_end|>", "mid length"]
@@ -107,23 +106,8 @@ def test_lora_reward_model_is_saved_merged(tmp_path):
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
 
 
-def _tiny_bert_dir(path):
-    tok = build_tiny_tokenizer()
-    config = BertConfig(
-        vocab_size=300,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        pad_token_id=tok.pad_token_id,
-    )
-    BertForSequenceClassification(config).bert.save_pretrained(path)  # a bare encoder, as MiniLM ships
-    tok.save_pretrained(path)
-    return str(path)
-
-
-def test_encoder_backbone_reads_the_first_token_whatever_the_padding(tmp_path):
-    rm = load_reward_model(_tiny_bert_dir(tmp_path / "bert"))
+def test_encoder_backbone_reads_the_first_token_whatever_the_padding(tiny_bert_dir):
+    rm = load_reward_model(tiny_bert_dir)
     assert not rm.causal and rm.tokenizer.padding_side == "right"
     assert all(m.p == 0.0 for m in rm.modules() if isinstance(m, torch.nn.Dropout))
     left, right = _padded(rm.tokenizer, TEXTS, "left"), _padded(rm.tokenizer, TEXTS, "right")

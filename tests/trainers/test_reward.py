@@ -25,7 +25,7 @@ from quartet.errors import QuartetError
 from quartet.models import load_reward_model
 from quartet.pipeline import load_pipeline
 from quartet.trainers.loop import split_train_eval
-from quartet.trainers.reward import _sample, _spread, bradley_terry_loss, train_reward
+from quartet.trainers.reward import _Collate, _sample, _scores, _spread, bradley_terry_loss, train_reward
 
 
 def test_bradley_terry_by_hand():
@@ -37,6 +37,28 @@ def test_bradley_terry_by_hand():
     assert bradley_terry_loss(rc, rr, margin=torch.tensor([1.0, 0.0])).item() == pytest.approx(math.log(2.0))
     # centering adds coef * mean((r_c + r_r)^2) = 0.1 * (1 + 0) / 2
     assert bradley_terry_loss(rc, rr, center_coef=0.1).item() == pytest.approx(expected + 0.05)
+
+
+@pytest.mark.parametrize("backbone", ["causal", "encoder"])
+def test_scores_over_length_sorted_chunks_equal_one_forward_and_its_gradient(backbone, tiny_bert_dir):
+    """Chunks of 2 rows cut to their longest: the scores and the gradient of one forward over the padded batch."""
+    rm = load_reward_model(tiny_bert_dir if backbone == "encoder" else TINY)
+    torch.manual_seed(0)
+    rows = [([5 + i] * (3 + 4 * i % 11), [7] * (2 + i % 3), 0.0) for i in range(5)]  # 10 sequences, 2..13 tokens
+    batch = _Collate(rm.tokenizer.pad_token_id)(rows)
+
+    def run(chunk_rows):
+        rm.zero_grad()
+        c, r = _scores(rm, batch, chunk_rows)
+        bradley_terry_loss(c, r).backward()
+        return c.detach(), r.detach(), {n: p.grad.clone() for n, p in rm.named_parameters() if p.grad is not None}
+
+    whole, chunked = run(len(rows) * 2), run(2)
+    torch.testing.assert_close(chunked[0], whole[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(chunked[1], whole[1], rtol=1e-5, atol=1e-6)
+    assert chunked[2].keys() == whole[2].keys() and len(whole[2]) > 2
+    for name, g in whole[2].items():
+        torch.testing.assert_close(chunked[2][name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def make_cfg(tmp_path, n=200, **overrides) -> RewardConfig:
