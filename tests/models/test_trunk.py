@@ -98,3 +98,49 @@ def test_a_backbone_that_transforms_inputs_embeds_gets_no_trunk():
     backbone.register_forward_pre_hook(scale, with_kwargs=True)
     assert frozen_depth(actor) == 2
     assert Trunk.attach(actor) is None
+
+
+def test_shared_depth_counts_the_bottom_layers_two_models_hold_value_for_value():
+    import copy
+
+    from quartet.models.trunk import shared_depth
+
+    a, _ = load_causal_lm(TINY4)
+    assert shared_depth(a, copy.deepcopy(a)) == 3  # one layer is always left on top
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        b.model.layers[2].mlp.up_proj.weight[0, 0] += 1e-3
+    assert shared_depth(a, b) == 2
+    with torch.no_grad():
+        b.model.embed_tokens.weight[5, 0] += 1e-3
+    assert shared_depth(a, b) == 0
+    assert shared_depth(a, load_causal_lm(TINY4.replace("layers=4", "layers=3"))[0]) == 0
+
+
+def test_eval_kl_through_the_shared_trunk_is_the_full_forwards_bit_for_bit(monkeypatch):
+    """A checkpoint merged from adapters on layers 2-3 and its start share layers 0-1: evaluation's log-probs and
+    full KL are those of two full forwards."""
+    from quartet.eval import evaluate as ev
+    from quartet.models import merged_copy
+
+    actor = _actor([2, 3])
+    for p in actor.parameters():
+        if p.requires_grad:
+            p.data.normal_(0, 0.1, generator=torch.Generator().manual_seed(p.numel()))
+    checkpoint, start = merged_copy(actor), load_causal_lm(TINY4)[0]
+    trunks = Trunk.shared(checkpoint, start)
+    assert trunks is not None and trunks[0].depth == trunks[1].depth == 2
+    ids, mask, _ = _batch()
+    responses = torch.randint(3, 260, (3, 5), generator=torch.Generator().manual_seed(7))
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 1, 0]]).float()
+    calls = []
+    real = Trunk.states
+    monkeypatch.setattr(Trunk, "states", lambda self, ids, *a: calls.append(ids.shape) or real(self, ids, *a))
+    with torch.no_grad():
+        shared = ev.sequence_logprobs(checkpoint, start, ids, mask, responses, response_mask, 0.7, batch_size=2)
+        assert [c[0] for c in calls] == [2, 2, 2, 1]  # a probe per model, then one per chunk (2 + 1 rows) for both
+        monkeypatch.setattr(Trunk, "shared", classmethod(lambda cls, a, b: None))
+        full = ev.sequence_logprobs(checkpoint, start, ids, mask, responses, response_mask, 0.7, batch_size=2)
+    for got, want in zip(shared, full):
+        assert torch.equal(got, want)
+    assert full[2].sum() > 0  # the adapters moved the checkpoint: a KL to measure

@@ -64,6 +64,7 @@ from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
 from quartet.models.packed import pack_linears
+from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, write_marker
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
@@ -450,11 +451,19 @@ def sequence_logprobs(
     B, R = response_ids.shape
     ro = Rollout(prompt_ids, prompt_mask, response_ids, response_mask.float(), eos=torch.zeros(B, dtype=torch.bool))
     out = torch.zeros(3, B, R)  # logprobs, ref_logprobs, kl_full
+    # a PPO checkpoint whose adapters sat on the top layers shares the bottom ones with its SFT reference: their
+    # output, computed once, feeds both tops (the full forwards' logits bit for bit, as `Trunk` checks)
+    trunks = Trunk.shared(model, ref_model) if ref_model is not model else None
     for rows, mb in ro.by_length(batch_size):  # each chunk cut to its longest row: forwards cost the tokens sampled
         ids, mask, r = mb.input_ids, mb.attention_mask, mb.response_ids.shape[1]
         positions = position_ids_from_mask(mask)
-        logits = _response_logits(model, ids, mask, positions, r) / temp
-        ref_logits = logits if ref_model is model else _response_logits(ref_model, ids, mask, positions, r) / temp
+        if trunks is not None:
+            states = trunks[0].states(ids, mask, positions)
+            logits = _response_logits(model, ids, mask, positions, r, trunks[0], states) / temp
+            ref_logits = _response_logits(ref_model, ids, mask, positions, r, trunks[1], states) / temp
+        else:
+            logits = _response_logits(model, ids, mask, positions, r) / temp
+            ref_logits = logits if ref_model is model else _response_logits(ref_model, ids, mask, positions, r) / temp
         logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
         out[0, rows, :r] = gather_logprobs(logits, mb.response_ids)
         out[1, rows, :r] = gather_logprobs(ref_logits, mb.response_ids)
@@ -463,9 +472,16 @@ def sequence_logprobs(
     return out[0] * mask, out[1] * mask, out[2] * mask
 
 
-def _response_logits(model, input_ids, attention_mask, positions, R: int) -> torch.Tensor:
-    """(b, T) -> float32 logits that predict the R response tokens, (b, R, V)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=R + 1)
+def _response_logits(model, input_ids, attention_mask, positions, R: int, trunk: Trunk | None = None,
+                     states: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, T) -> float32 logits that predict the R response tokens, (b, R, V); with a `trunk`, only the layers
+    above it run, on its `states`."""
+    if trunk is None:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=R + 1)
+    else:
+        with trunk.top():
+            out = model(inputs_embeds=states, attention_mask=attention_mask, position_ids=positions,
+                        logits_to_keep=R + 1)
     return out.logits[:, :-1].float()
 
 

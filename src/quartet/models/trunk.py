@@ -6,6 +6,8 @@ for the actor in every PPO epoch, for the old log-probs (and the shared critic's
 (the actor with its adapter disabled): `Trunk.states` computes it once, and each of those forwards runs only
 the layers above it (`Trunk.top`), which is also where the backward stops anyway. SmolLM2 with the top 15 of its
 30 layers adapted: half of each of those forwards, the demo's PPO iteration 17.4 -> 11.9 s (README, issue 14).
+The PPO checkpoint then shares those layers with its SFT start: evaluation computes them once for the KL's two
+float32 forwards (`Trunk.shared`).
 
 The top runs through the model's own forward, with its decoder layers cut to the adapted ones and the trunk's
 output passed as `inputs_embeds`; that is only right where the backbone feeds `inputs_embeds` to its first layer
@@ -54,6 +56,30 @@ def frozen_depth(model: nn.Module) -> int:
     return depth if depth < len(backbone.layers) else 0
 
 
+def shared_depth(a: nn.Module, b: nn.Module) -> int:
+    """How many bottom decoder layers two models hold value for value, their input embeddings equal too (0 if
+    not, or if either has no decoder stack we know): a PPO checkpoint and its SFT start, where the adapters sat
+    on the top layers only. At least one layer is left above the shared ones."""
+    stacks = _backbone(a), _backbone(b)
+    if None in stacks or len(stacks[0].layers) != len(stacks[1].layers):
+        return 0
+    if not _same_tensors(a.get_input_embeddings(), b.get_input_embeddings()):
+        return 0
+    depth = 0
+    for la, lb in zip(*(s.layers[:-1] for s in stacks)):
+        if not _same_tensors(la, lb):
+            break
+        depth += 1
+    return depth
+
+
+def _same_tensors(a: nn.Module, b: nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(
+        sa[k].shape == sb[k].shape and sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa
+    )
+
+
 class Trunk:
     """The bottom `depth` decoder layers of `model` (frozen, no adapter): their output for a batch, and a context
     in which the model's forward runs the layers above them on it."""
@@ -74,6 +100,16 @@ class Trunk:
                      type(model).__name__)
             return None
         return trunk
+
+    @classmethod
+    def shared(cls, a: nn.Module, b: nn.Module) -> tuple[Trunk, Trunk] | None:
+        """Trunks of two models over the bottom layers they share (`shared_depth`): the states one computes
+        serve both tops. None where they share none or either's top does not give its full forward."""
+        depth = shared_depth(a, b)
+        if depth == 0:
+            return None
+        trunks = cls(a, depth), cls(b, depth)
+        return trunks if all(t._probe(None) for t in trunks) else None
 
     @torch.no_grad()
     def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
