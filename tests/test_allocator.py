@@ -9,14 +9,15 @@ import sys
 
 import pytest
 
-# a step's worth of tensors (1 to 64 MB) filled and freed, five times: the faults of the last rounds are what the
-# setting removes (the first rounds grow the heap)
+# a step's worth of tensors (1 to 64 MB) filled and freed, six times: the faults of the last three rounds are what
+# the setting removes. The first rounds grow the heap, and where the big blocks land varies from run to run: in 4 of
+# 12 runs round 3 still faulted the 40 MB block in afresh, in none did a later round (2026-11-26)
 PROBE = """
 import json, resource, torch
 from quartet.allocator import retain_freed_memory
 applied = retain_freed_memory()
 faults = []
-for _ in range(5):
+for _ in range(6):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     xs = [torch.empty(mb * 2**18, dtype=torch.float32).fill_(1.0) for mb in (1, 3, 8, 40, 2, 16, 64, 5)]
     del xs
@@ -38,8 +39,8 @@ def test_freed_memory_is_reused_without_page_faults():
     default, retain = probe("default"), probe("retain")
     assert not default["applied"] and retain["applied"]
     # glibc maps the large ones afresh and trims the heap: most pages fault again each round
-    assert min(default["faults"][2:]) >= PAGES * 0.5
-    assert max(retain["faults"][2:]) < PAGES * 0.05
+    assert min(default["faults"][3:]) >= PAGES * 0.5
+    assert max(retain["faults"][3:]) < PAGES * 0.05
 
 
 def test_unknown_mode_is_a_config_error(monkeypatch):
