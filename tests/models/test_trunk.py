@@ -144,3 +144,18 @@ def test_eval_kl_through_the_shared_trunk_is_the_full_forwards_bit_for_bit(monke
     for got, want in zip(shared, full):
         assert torch.equal(got, want)
     assert full[2].sum() > 0  # the adapters moved the checkpoint: a KL to measure
+
+
+def test_shared_trunk_needs_the_other_top_to_give_its_full_forward_on_these_states():
+    """Equal weights, another norm epsilon in a bottom layer (not in the weights): the layers are counted as
+    shared, but the second model's top on the first's states is not its full forward, so no shared trunk."""
+    import copy
+
+    from quartet.models.trunk import shared_depth
+
+    a, _ = load_causal_lm(TINY4)
+    b = copy.deepcopy(a)
+    b.model.layers[0].input_layernorm.variance_epsilon = 0.5
+    assert shared_depth(a, b) == 3
+    assert Trunk.shared(a, b) is None
+    assert Trunk.shared(a, copy.deepcopy(a)) is not None

@@ -109,7 +109,9 @@ class Trunk:
         if depth == 0:
             return None
         trunks = cls(a, depth), cls(b, depth)
-        return trunks if all(t._probe(None) for t in trunks) else None
+        # b's top is probed on a's states: equal weights do not make equal layers (a norm's epsilon, the rotary
+        # frequencies are not in the weights)
+        return trunks if trunks[0]._probe(None) and trunks[1]._probe(None, states_from=trunks[0]) else None
 
     @torch.no_grad()
     def states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -136,7 +138,9 @@ class Trunk:
         finally:
             backbone.layers, backbone.norm = layers, norm
 
-    def _probe(self, autocast_dtype: torch.dtype | None) -> bool:
+    def _probe(self, autocast_dtype: torch.dtype | None, states_from: Trunk | None = None) -> bool:
+        """Whether the top, on the trunk's states (or those of `states_from`, another model's trunk), gives the
+        full forward's logits bit for bit, on a small left-padded batch."""
         from quartet.rollout.record import position_ids_from_mask
 
         model = self.model
@@ -154,7 +158,7 @@ class Trunk:
         try:
             with torch.no_grad(), autocast:
                 full = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).logits
-                states = self.states(ids, mask, pos)
+                states = (states_from or self).states(ids, mask, pos)
                 with self.top():
                     top = model(inputs_embeds=states, attention_mask=mask, position_ids=pos, use_cache=False).logits
         except (TypeError, ValueError, RuntimeError) as e:  # a forward that takes no inputs_embeds
