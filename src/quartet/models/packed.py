@@ -37,11 +37,13 @@ def can_pack(dtype: torch.dtype) -> bool:
 class PackedLinear(nn.Module):
     """`nn.Linear` for inference with its weight in oneDNN's layout: the same outputs from a layout made once.
 
-    The weight is not a parameter: `load_state_dict` lays a new one out, `state_dict` gives it back plain."""
+    The weight is not a parameter: `load_state_dict` lays a new one out, `state_dict` gives it back plain.
+    `tied`: an output head whose weight is the input embedding's (`tie_output` lays it out again from it)."""
 
-    def __init__(self, linear: nn.Linear, rows: int):
+    def __init__(self, linear: nn.Linear, rows: int, tied: bool = False):
         super().__init__()
         self.in_features, self.out_features, self.rows = linear.in_features, linear.out_features, rows
+        self.tied = tied
         self.dtype = linear.weight.dtype
         self.bias = linear.bias
         self._pack(linear.weight.detach())
@@ -88,9 +90,8 @@ def pack_linears(model: nn.Module, rows: int = 16) -> int:
             weight = child.weight
             if weight.device.type != "cpu" or weight.requires_grad or not can_pack(weight.dtype):
                 continue
-            packed = PackedLinear(child, rows)  # its own laid-out tensor: a tied embedding stays as it is
-            packed.tied = child is head and _tied(model)
-            setattr(parent, name, packed)
+            # its own laid-out tensor: a tied embedding stays as it is
+            setattr(parent, name, PackedLinear(child, rows, tied=child is head and _tied(model)))
             replaced += 1
     return replaced
 
@@ -99,7 +100,7 @@ def tie_output(model: nn.Module) -> None:
     """After new weights in a model with tied embeddings: a packed head is laid out again from the input
     embedding, a plain one tied to it (transformers' `tie_weights`)."""
     head = _output(model)
-    if isinstance(head, PackedLinear) and getattr(head, "tied", False):
+    if isinstance(head, PackedLinear) and head.tied:
         head._pack(model.get_input_embeddings().weight.detach())
     else:
         model.tie_weights()
