@@ -26,6 +26,33 @@ def test_one_token_samples_follow_the_full_softmax():
     assert 0.5 * (freq - probs).abs().sum() < 0.12  # total variation, sampling noise ~0.09 for 260 outcomes
 
 
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, 0, 1.0), (1.0, 5, 1.0), (1.3, 0, 0.8)])
+def test_the_sampler_draws_from_the_warped_softmax(temperature, top_k, top_p):
+    """`PerRowInverseCDF` after the temperature / top-k / top-p warpers: token frequencies over many seeds
+    follow softmax(logits / T) cut to the kept tokens, a cut token is never drawn, and one row's draws do not
+    depend on the rows beside it."""
+    from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
+
+    model, tok = load_causal_lm(TINY)
+    gen = GenerationConfig(max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p)
+    engine = HFEngine(model, tok, gen, dtype=torch.float32)
+    logits = torch.randn(1, 260, generator=torch.Generator().manual_seed(0)) * 2.0
+    n = 6000
+    processors = engine._sampler(list(range(n)))
+    tokens = processors(None, logits.expand(n, -1).clone()).argmax(-1)
+    warped = logits / temperature
+    if top_k:
+        warped = TopKLogitsWarper(top_k)(None, warped)
+    if top_p < 1.0:
+        warped = TopPLogitsWarper(top_p)(None, warped)
+    probs = warped.softmax(-1)[0]
+    freq = torch.bincount(tokens, minlength=260).float() / n
+    assert (freq[probs == 0] == 0).all()
+    assert 0.5 * (freq - probs).abs().sum() < 0.06  # total variation; sampling noise ~0.02-0.04 here
+    alone = engine._sampler([5])(None, logits.clone()).argmax(-1)
+    assert alone.item() == tokens[5].item()
+
+
 def test_sync_folds_lora_into_the_engine_copy():
     model, tok = load_causal_lm(TINY)
     actor = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
