@@ -488,6 +488,10 @@ class PPOConfig:
     """the decoder layers' RMSNorms and SwiGLU product of the trained roles as autograd functions that keep less
     for the backward (quartet.models.lean_ops): the same forwards bit for bit, gradients equal up to rounding;
     SmolLM2 separate critic, bf16: peak -0.5 GB (7.2-7.4 -> 6.7-6.9 GB) at the same update time"""
+    share_prompt_prefix: bool = True
+    """the tokens every prompt of a micro-batch starts with (a chat template's system prompt) run once, their keys
+    and values shared by the rows (quartet.models.prefix): actor, separate critic and reference forwards, in the
+    update too unless activation_checkpointing is on; not with sharded weights"""
     save_every: int = 0
     """checkpoint every N iterations (0 = only at the end)"""
     keep_checkpoints: int = 2

@@ -47,6 +47,8 @@ def ppo(out: Path, overrides: list[str]) -> None:
             "scores": [e.rollout.scores for e in seen],
             "metrics": [{k: v for k, v in m.items() if not k.startswith(("timing/", "memory/"))} for m in metrics],
             "weights": full if full is not None else {n: p.detach().clone() for n, p in policy.named_parameters()},
+            "shares_prefix": [policy.share_prefix, policy.critic_shares_prefix,
+                              trainer.experience.reference_shares_prefix],
         }, out)
     trainer.accelerator.wait_for_everyone()
 

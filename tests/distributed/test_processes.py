@@ -77,6 +77,25 @@ def test_two_processes_equal_one_for_the_policy_gradient_trainer(tmp_path, overr
         assert torch.allclose(w, b["weights"][name], atol=1e-4), name
 
 
+def test_two_processes_equal_one_with_the_shared_prompt_prefix(tmp_path):
+    """Prompts that start alike (models/prefix.py): each process runs its rows' shared beginning once per forward,
+    under DDP, and the run is still the one-process run."""
+    import random
+
+    rng = random.Random(0)
+    prompts = tmp_path / "prefixed.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": "Answer with one short word: " + "".join(
+        rng.choice("abcdefghij") for _ in range(6))}) + "\n" for _ in range(32)))
+    a, b = one_vs_two(tmp_path, "ppo", f"prompts.path={prompts}", "prompts.max_prompt_tokens=64", "critic=separate")
+    assert a["shares_prefix"] == b["shares_prefix"] == [True, True, True]  # actor, critic, reference
+    for it in range(2):
+        assert torch.equal(a["response_ids"][it], b["response_ids"][it])
+        assert torch.allclose(a["advantages"][it], b["advantages"][it], atol=1e-5)
+        _close_metrics(a["metrics"][it], b["metrics"][it])
+    for name, w in a["weights"].items():
+        assert torch.allclose(w, b["weights"][name], atol=1e-4), name
+
+
 @pytest.mark.parametrize("stage", ["sft", "rm"])
 def test_two_processes_equal_one_for_sft_and_the_reward_model(tmp_path, stage):
     """Micro-batches of different token counts on the two processes: the loss is still the global token mean."""

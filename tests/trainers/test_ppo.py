@@ -295,14 +295,69 @@ def test_lean_ops_make_the_same_update(tmp_path):
     _assert_same_update(runs[False], runs[True])
 
 
-def _assert_same_update(plain, other):
+def _prefix_prompts(tmp_path):
+    """Prompts that begin with the same instruction (as a chat template's system prompt makes them)."""
+    path = tmp_path / "prefixed.jsonl"
+    words = "red blue green cat dog sun moon tree river stone bird fish cloud rain wind sky".split()
+    path.write_text("".join(json.dumps({"prompt": f"Answer with one short word: {w}"}) + "\n" for w in words))
+    return str(path)
+
+
+@pytest.mark.parametrize("setup", ["separate", "lora-top-layers"])
+def test_the_shared_prompt_prefix_makes_the_same_update(tmp_path, setup):
+    """Running the prompts' shared beginning once (models/prefix.py) in the old-log-prob, value, reference and
+    update forwards changes the work, not the step."""
+    cfg = {"critic": "separate", "reference": TINY} if setup == "separate" else {
+        "policy": TINY.replace("layers=1", "layers=2"), "lora.enabled": True, "lora.r": 4,
+        "lora.layers_to_transform": [1]}
+    runs, tokens = {}, {}
+    for share in (False, True):
+        trainer = PPOTrainer(make_cfg(tmp_path / str(share), iterations=2, share_prompt_prefix=share,
+                                      **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}, **cfg), progress=False)
+        policy = trainer.roles.policy
+        assert [policy.share_prefix, trainer.experience.reference_shares_prefix] == [share, share]
+        assert policy.critic_shares_prefix == (share and setup == "separate")
+        assert (policy.trunk is not None) == (setup != "separate")
+        layer = (policy.actor.get_base_model() if setup != "separate" else policy.actor).model.layers[-1]
+        seen = []
+        layer.register_forward_hook(lambda m, a, out, seen=seen: seen.append(a[0].shape[0] * a[0].shape[1]))
+        before = _params(trainer.model)
+        metrics = trainer.step(1)
+        runs[share], tokens[share] = (before, _params(trainer.model), metrics), sum(seen)
+    assert tokens[True] < 0.8 * tokens[False]  # "Answer with one short word: " ran once per forward, not per row
+    # the prefix's products at batch 1 round apart from the batch's in the last bits; AdamW's steps of 1e-2 (x 4
+    # per role here) normalise gradients near 0, which moves a weight by up to 1e-4 of a step
+    if setup == "separate":
+        _assert_same_update(runs[False], runs[True], atol=1e-5)
+        return
+    (_, a0, m0), (b1, a1, m1) = runs[False], runs[True]
+    assert any(not torch.equal(a1[n], b1[n]) for n in a1 if "lora" in n)
+    for n in a1:
+        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-5)
+    for key in ("policy/loss", "value/loss", "objective/kl", "policy/entropy"):
+        assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+
+
+def test_activation_checkpointing_keeps_the_trained_roles_off_the_shared_prefix(tmp_path):
+    """transformers drops the cache inside a checkpointed layer: the actor and critic then run whole rows; the
+    reference, which never back-propagates, still shares the prefix."""
+    trainer = PPOTrainer(make_cfg(tmp_path, iterations=2, critic="separate", reference=TINY,
+                                  activation_checkpointing="selective", **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}),
+                         progress=False)
+    policy = trainer.roles.policy
+    assert [policy.share_prefix, policy.critic_shares_prefix, trainer.experience.reference_shares_prefix] == \
+        [False, False, True]
+    assert all(math.isfinite(v) for v in trainer.step(1).values())
+
+
+def _assert_same_update(plain, other, atol=1e-6):
     """Two (weights before, weights after, metrics) of one PPO step with a separate critic: the same start, both
     roles moved, and the same update and losses."""
     (b0, a0, m0), (b1, a1, m1) = plain, other
     assert all(torch.equal(b1[n], b0[n]) for n in b1)
     assert {n.split(".")[0] for n in a1 if not torch.equal(a1[n], b1[n])} == {"actor", "critic"}
     for n in a1:
-        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=atol)
     for key in ("policy/loss", "value/loss", "optim/grad_norm"):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
 

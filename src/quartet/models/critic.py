@@ -54,14 +54,21 @@ class Critic(nn.Module):
         return base_model_of(self.backbone).config
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
+        shared_prefix: tuple[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """(B, T) values. Default positions count real tokens, as `generate` does for left-padded prompts."""
+        """(B, T) values. Default positions count real tokens, as `generate` does for left-padded prompts.
+        `shared_prefix`: (n, each row's left pads): the n tokens every row starts with run once (models/prefix.py),
+        and the values are (B, T - n), those of the other columns."""
         if position_ids is None:
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        )
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        if shared_prefix is not None:
+            from quartet.models.prefix import forward_shared_prefix
+
+            out = forward_shared_prefix(self.backbone, *shared_prefix, **inputs)
+        else:
+            out = self.backbone(**inputs, use_cache=False)
         return self.head(out.last_hidden_state)
 
 

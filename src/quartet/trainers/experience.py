@@ -71,6 +71,7 @@ class ExperienceMaker:
         self.moments = moments
         self.needs_greedy = needs_greedy
         self._perm: tuple[int, list[int]] | None = None
+        self.reference_shares_prefix = False  # the trainer's verdict (models/prefix.py)
 
     @torch.no_grad()
     def make(self, model, iteration: int) -> Experience:
@@ -107,7 +108,8 @@ class ExperienceMaker:
         t = time.perf_counter()
         shared = trunk if self.roles.reference is None else None  # the adapter-disabled actor: the same trunk
         with self.roles.reference_model() as ref:
-            ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature, trunk=shared),
+            ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature, trunk=shared,
+                                                                      share_prefix=self.reference_shares_prefix),
                                             ro)[0]
         timing["timing/reference"] = time.perf_counter() - t
 

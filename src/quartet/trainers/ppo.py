@@ -147,6 +147,9 @@ class PPOTrainer:
             # LoRA on the top layers only: the frozen layers below run once per rollout (models/trunk.py)
             compute = loop.generation_dtype(cfg.precision)
             policy.trunk = Trunk.attach(policy.actor, compute if compute != torch.float32 else None)
+        self.reference_shares_prefix = False
+        if cfg.share_prompt_prefix and not self.sharded:
+            self._share_prefixes(policy)
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})
@@ -158,6 +161,8 @@ class PPOTrainer:
         engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision),
                              share_weights=not cfg.lora.enabled and not self.sharded)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
+        if sharding.sharded(self.model) is not None:  # sharded by `prepare` itself: whole rows (see _share_prefixes)
+            policy.share_prefix = policy.critic_shares_prefix = self.reference_shares_prefix = False
         groups = [g["params"] for g in self.optimizer.param_groups]
         # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
         # veRL, which give it its own optimizer); a shared one trains the actor's backbone: one norm for all
@@ -171,6 +176,7 @@ class PPOTrainer:
         self.experience = ExperienceMaker(cfg, self.roles, engine, self.accelerator,
                                           [examples[i].prompt for i in encoded.kept], encoded.input_ids,
                                           self.moments, self.estimator.needs_greedy)
+        self.experience.reference_shares_prefix = self.reference_shares_prefix
         if resume:
             self._resume()
         elif self.main:  # a fresh run; lines a crashed earlier attempt logged before any checkpoint go
@@ -180,6 +186,25 @@ class PPOTrainer:
             write_marker(self.run_dir, "ppo")
             for name in ("metrics.jsonl", "samples.jsonl"):
                 truncate_after(self.run_dir / name, "ppo", 0)
+
+    def _share_prefixes(self, policy) -> None:
+        """Which forwards run the rows' shared prompt prefix once (models/prefix.py): each model where the probe
+        finds it gives the full forward; the trained roles only without activation checkpointing (transformers
+        drops the cache inside a checkpointed layer), so that their old log-probs and values come from the same
+        computation as the update's. Not under sharded weights: FSDP2 on gloo aborted on the actor's two calls in
+        one forward (tests/distributed/test_sharded.py), and sharded runs are GPU runs this was not measured on."""
+        from quartet.models import prefix
+
+        compute = loop.generation_dtype(self.cfg.precision)
+        autocast = compute if compute != torch.float32 else None
+        actor_ok = prefix.probe(policy.actor, trunk=policy.trunk, autocast_dtype=autocast)
+        trained = self.cfg.activation_checkpointing == "none"
+        policy.share_prefix = actor_ok and trained
+        if self.separate_critic:
+            policy.critic_shares_prefix = trained and prefix.probe(
+                policy.critic.backbone, read=lambda out: out.last_hidden_state, autocast_dtype=autocast)
+        reference = self.roles.reference
+        self.reference_shares_prefix = actor_ok if reference is None else prefix.probe(reference, autocast_dtype=autocast)
 
     # ------------------------------------------------------------------ the recipe
     def step(self, iteration: int) -> dict[str, float]:

@@ -45,6 +45,9 @@ class PolicyModel(nn.Module):
         self.shared_critic = shared_critic and critic is not None
         self.temperature = float(temperature)
         self.trunk = None  # the actor's frozen bottom layers (models/trunk.py), set by the trainer where it pays
+        # forwards that run the rows' shared prompt prefix once (models/prefix.py), set by the trainer where its
+        # probe passes; the critic's own flag, as it is its own model
+        self.share_prefix = self.critic_shares_prefix = False
 
     def forward(self, ro: Rollout, with_entropy_grad: bool = False, part: str = "both"):
         """`part`: "both"; or, with a separate critic, "actor" (values None) or "critic" (log-probs and
@@ -53,7 +56,7 @@ class PolicyModel(nn.Module):
             return None, None, self._separate_values(ro)
         logprobs, entropy, hidden = actor_logprobs(
             self.actor, ro, self.temperature, with_entropy_grad=with_entropy_grad, hidden=self.shared_critic,
-            trunk=self.trunk,
+            trunk=self.trunk, share_prefix=self.share_prefix,
         )
         values = None
         if self.shared_critic:
@@ -64,7 +67,9 @@ class PolicyModel(nn.Module):
 
     def _separate_values(self, ro: Rollout) -> torch.Tensor:
         ids, mask, pos = _inputs(ro)
-        return self.critic(ids, mask, pos)[:, ro.prompt_ids.shape[1] - 1 : -1].float()
+        shared = _shared_prefix(ro) if self.critic_shares_prefix else None
+        n = shared[0] if shared else 0  # the critic's output starts after the shared prefix's columns
+        return self.critic(ids, mask, pos, shared_prefix=shared)[:, ro.prompt_ids.shape[1] - 1 - n : -1].float()
 
 
 @dataclass
@@ -167,9 +172,17 @@ def _inputs(ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, mask, position_ids_from_mask(mask)
 
 
+def _shared_prefix(ro: Rollout) -> tuple[int, torch.Tensor] | None:
+    """(tokens every row's prompt starts with, each row's left pads) where there are enough to share, else None."""
+    from quartet.models.prefix import shared_prefix_length
+
+    n = shared_prefix_length(ro.prompt_ids, ro.prompt_mask)
+    return (n, (ro.prompt_mask == 0).sum(1)) if n else None
+
+
 def actor_logprobs(
     model: nn.Module, ro: Rollout, temperature: float, *, with_entropy_grad: bool = False, hidden: bool = False,
-    trunk=None,
+    trunk=None, share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Teacher-forced log-probs of the sampled responses under `model` at `temperature`:
     (logprobs (B, R), entropy (B, R), hidden states before each response token (B, R, H) or None).
@@ -177,18 +190,25 @@ def actor_logprobs(
     Positions skip left padding exactly as `generate` did. The entropy keeps its graph only when
     asked (an entropy bonus); otherwise it is a detached statistic. `trunk`: the frozen bottom layers of
     `model` (models/trunk.py); where the rollout holds their output (`ro.trunk`), only the layers above run.
+    `share_prefix`: the prompt tokens every row starts with run once (models/prefix.py; the caller has probed
+    `model` with `prefix.probe`).
     """
+    from quartet.models.prefix import forward_shared_prefix
+
     ids, mask, pos = _inputs(ro)
     P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-    common = dict(attention_mask=mask, position_ids=pos, logits_to_keep=R + 1, output_hidden_states=hidden,
-                  use_cache=False)
+    common = dict(attention_mask=mask, position_ids=pos, logits_to_keep=R + 1, output_hidden_states=hidden)
+    inputs = {"input_ids": ids}
+    top = contextlib.nullcontext()
     if trunk is not None and ro.trunk is not None:
-        with trunk.top():
-            out = model(inputs_embeds=ro.trunk, **common)
-    else:
-        out = model(input_ids=ids, **common)
+        inputs, top = {"inputs_embeds": ro.trunk}, trunk.top()
+    shared = _shared_prefix(ro) if share_prefix else None
+    with top:
+        out = forward_shared_prefix(model, *shared, **inputs, **common) if shared else \
+            model(**inputs, **common, use_cache=False)
     # logits at t predict token t + 1
     logprobs, entropy = logprobs_and_entropy(out.logits[:, :-1], ro.response_ids, temperature,
                                              entropy_grad=with_entropy_grad)
-    states = out.hidden_states[-1][:, P - 1 : -1] if hidden else None
+    n = shared[0] if shared else 0  # the output's columns start after the shared prefix
+    states = out.hidden_states[-1][:, P - 1 - n : -1] if hidden else None
     return logprobs, entropy, states
