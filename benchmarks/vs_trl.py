@@ -12,10 +12,15 @@ epochs, one minibatch of 16 (one micro-batch), lr 3e-6, kl_coef 0.05, vf_coef 0.
 models: policy, reference, a reward model and a value model, both made from the policy's backbone
 with the same seeded scalar head (the value model starts from the reward model on both sides).
 
-Sides: trl (all fp32: TRL's bf16 flag is a no-op for PPO on CPU); quartet separate critic, full
-fine-tune, fp32 and auto (bf16 autocast where the CPU has it), and auto with activation checkpointing
-(`activation_checkpointing: selective` and `full`: less memory for more time); quartet's own recipe: shared
-value head + LoRA, auto. Each side runs in its own process, so peak RSS (getrusage) is that side's alone.
+Sides: trl (all fp32: TRL's bf16 flag is a no-op for PPO on CPU; the ratios are against it), and trl-mb8
+(the same minibatch of 16 in two micro-batches of 8: gradient_accumulation_steps 2); quartet separate critic,
+full fine-tune, fp32 and auto (bf16 autocast where the CPU has it), auto with activation checkpointing
+(`activation_checkpointing: selective` and `full`: less memory for more time), fp32 with each of them, fp32 in
+micro-batches of 8
+(the same update, half the activations at a time) and fp32 without the shared prompt prefix
+(`share_prompt_prefix: false`: every row's 24-token system prompt computed in every forward, as TRL does);
+quartet's own recipe: shared value head + LoRA, auto. Each side runs in its own process, so peak RSS
+(getrusage) is that side's alone.
 By default the processes run in lockstep, one iteration each in turn (A B C D A B C D ...), so
 machine noise spreads over all sides; `--sequential` runs one side after the other instead (needed
 when all sides do not fit in memory at once: SmolLM2 x4 needs ~10 GB per side).
@@ -25,7 +30,9 @@ tokens/s (16 x 32 / generate seconds), and the phases generate / scoring forward
 next to its floor on this CPU: FLOPs (2 per parameter per token forward, 6 forward + backward,
 4 for a frozen LoRA base) over the matmul rate measured here (fp32 or bf16 by the side's
 precision), and for decoding also the bandwidth floor (the weights read once per new token) over
-the measured memory bandwidth. Attention FLOPs are left out (T < 100 here: a few percent).
+the measured memory bandwidth. Attention FLOPs are left out (T < 100 here: a few percent). The floors count
+every row's tokens, as the workload is defined; Quartet's forwards run the rows' shared 24-token system prompt
+once (models/prefix.py), a quarter fewer tokens, so its scoring and update can come in under them.
 """
 
 from __future__ import annotations
@@ -48,7 +55,9 @@ TINY = "tiny:llama?hidden=64&layers=2&heads=4"
 TRL_PINS = ["trl==1.12.0", "transformers==5.23.0", "tokenizers==0.23.3", "datasets==5.2.0",
             "accelerate==1.15.0", "peft==0.21.2", "numpy==2.4.6", "safetensors", "psutil"]
 SIDES = {
-    "trl": {"label": "TRL 1.12: policy, reference, reward model, value model, all fp32"},
+    "trl": {"label": "TRL 1.12: policy, reference, reward model, value model, all fp32", "trl": True},
+    "trl-mb8": {"label": "TRL 1.12, micro-batches of 8 (gradient_accumulation_steps 2)", "trl": True,
+                "micro_batch_size": 8},
     "q-separate-fp32": {"label": "Quartet, separate critic, full fine-tune, fp32",
                         "critic": "separate", "lora": False, "precision": "fp32"},
     "q-separate-auto": {"label": "Quartet, separate critic, full fine-tune, auto (bf16 autocast)",
@@ -61,6 +70,11 @@ SIDES = {
                              "activation_checkpointing": "full"},
     "q-separate-fp32-whole": {"label": "Quartet, separate critic, full fine-tune, fp32, no shared prompt prefix",
                               "critic": "separate", "lora": False, "precision": "fp32", "share_prompt_prefix": False},
+    "q-separate-fp32-selective": {"label": "Quartet, separate critic, full fine-tune, fp32, selective recompute",
+                                  "critic": "separate", "lora": False, "precision": "fp32",
+                                  "activation_checkpointing": "selective"},
+    "q-separate-fp32-full": {"label": "Quartet, separate critic, full fine-tune, fp32, full recompute",
+                             "critic": "separate", "lora": False, "precision": "fp32", "activation_checkpointing": "full"},
     "q-separate-fp32-mb8": {"label": "Quartet, separate critic, full fine-tune, fp32, micro-batches of 8",
                             "critic": "separate", "lora": False, "precision": "fp32", "micro_batch_size": 8},
     "q-shared-lora": {"label": "Quartet, shared value head + LoRA, auto",
@@ -188,7 +202,7 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
 
 
 # --------------------------------------------------------------------------- TRL side
-def run_trl(args, meta: dict) -> None:
+def run_trl(args, meta: dict, spec: dict) -> None:
     import gc
 
     import torch
@@ -250,7 +264,8 @@ def run_trl(args, meta: dict) -> None:
     data = Dataset.from_dict({"input_ids": meta["prompt_ids"]})
     out = Path(tempfile.mkdtemp(prefix="vs-trl-trl-", dir=args.work))
     cfg = PPOConfig(
-        output_dir=str(out), per_device_train_batch_size=BATCH, gradient_accumulation_steps=1, num_mini_batches=1,
+        output_dir=str(out), per_device_train_batch_size=spec.get("micro_batch_size", BATCH),
+        gradient_accumulation_steps=BATCH // spec.get("micro_batch_size", BATCH), num_mini_batches=1,
         num_ppo_epochs=EPOCHS, response_length=NEW_TOKENS, total_episodes=BATCH * (args.iterations + 1),
         local_rollout_forward_batch_size=BATCH, learning_rate=LR, temperature=1.0, kl_coef=0.05, vf_coef=0.1,
         stop_token=None, missing_eos_penalty=None, num_sample_generations=0, report_to=[], save_strategy="no",
@@ -319,7 +334,7 @@ def floors(meta: dict, side: str, spec: dict, rates: dict, precision: str) -> di
     gen_bw = NEW_TOKENS * n_lm * bytes_per / (rates["gbps"] * 1e9)
     # scoring: reference (LM) + reward model (body); + value model (body) for a separate critic; TRL's and the
     # floor's old log-probs come from the generation pass
-    separate = side == "trl" or spec.get("critic") == "separate"
+    separate = spec.get("trl") or spec.get("critic") == "separate"
     score_flops = 2 * tokens * (n_lm + n_body * (2 if separate else 1))
     per_param = 4 if spec.get("lora") else 6  # a frozen base still back-propagates to its inputs
     update_flops = EPOCHS * tokens * (per_param * n_lm + (6 * n_body if separate else 0))
@@ -341,8 +356,8 @@ def main() -> None:
     args = p.parse_args()
     if args.child:
         meta = json.loads((Path(args.work) / "inputs.json").read_text())
-        if args.child == "trl":
-            run_trl(args, meta)
+        if SIDES[args.child].get("trl"):
+            run_trl(args, meta, SIDES[args.child])
         else:
             run_quartet(args, meta, SIDES[args.child])
         return
@@ -358,7 +373,7 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "TRL_EXPERIMENTAL_SILENCE": "1",
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT / "src")}
     try:
-        trl_py = trl_python(args) if "trl" in sides else None
+        trl_py = trl_python(args) if any(SIDES[s].get("trl") for s in sides) else None
         rates = machine_rates(args.threads)
         print(f"machine: {_cpu()}, {args.threads} threads; matmul fp32 {rates['gflops_fp32']:.0f} GFLOP/s, "
               f"bf16 {rates['gflops_bf16']:.0f} GFLOP/s; memory read {rates['gbps']:.1f} GB/s", flush=True)
@@ -385,7 +400,7 @@ def main() -> None:
 def _run_group(group, args, env, trl_py, work: Path) -> dict:
     procs, logs = {}, {}
     for side in group:
-        py = trl_py if side == "trl" else sys.executable
+        py = trl_py if SIDES[side].get("trl") else sys.executable
         cmd = [py, str(Path(__file__).resolve()), "--child", side, "--work", str(work),
                "--iterations", str(args.iterations), "--threads", str(args.threads)]
         logs[side] = open(work / f"{side}.log", "w")
@@ -454,7 +469,7 @@ def _report(results: dict, meta: dict, rates: dict) -> list[dict]:
               f"{r['scoring'] / f['scoring']:.1f}x) | {r['update']:.2f} ({f['update']:.2f}, "
               f"{r['update'] / f['update']:.1f}x) | {other:.2f} |")
     for side, res in results.items():
-        if side != "trl":
+        if not SIDES[side].get("trl"):
             its = res["iterations"][1:]
             parts = {k: statistics.median(it[k] for it in its) for k in ("score", "old_logprob_value", "reference")}
             print(f"{side} scoring split: reward model {parts['score']:.2f} s, old log-probs + values "

@@ -8,7 +8,14 @@ import torch
 import quartet.models.prefix as prefix
 from quartet.config import LoraConfig
 from quartet.models import apply_lora, load_causal_lm, make_critic
-from quartet.models.prefix import MIN_SHARED_TOKENS, forward_shared_prefix, probe, shared_prefix_length
+from quartet.models.prefix import (
+    MIN_SHARED_TOKENS,
+    forward_shared_prefix,
+    keep_cache_under_checkpointing,
+    probe,
+    shared_prefix_length,
+)
+from quartet.models.recompute import enable_activation_checkpointing
 from quartet.models.trunk import Trunk
 from quartet.rollout.record import position_ids_from_mask
 
@@ -60,11 +67,17 @@ def _random_lora(model):
     return model
 
 
-@pytest.mark.parametrize("kind", ["full", "lora", "lora-trunk"])
+@pytest.mark.parametrize("kind", ["full", "lora", "lora-trunk", "recompute"])
 def test_the_shared_prefix_forward_gives_the_full_forward_and_its_gradients(kind):
+    """`recompute`: full activation checkpointing, the layers run again in the backward on the read-only cache."""
     ids, mask, pos, pads = _batch()
     model, _ = load_causal_lm(TINY4)
     trunk = None
+    if kind == "recompute":
+        enable_activation_checkpointing(model, "full")
+        assert keep_cache_under_checkpointing(model)
+        model.train()
+        assert probe(model, training=True)
     if kind != "full":
         model = _random_lora(apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8,
                                                           layers_to_transform=[2, 3] if kind == "lora-trunk" else None)))

@@ -338,11 +338,34 @@ def test_the_shared_prompt_prefix_makes_the_same_update(tmp_path, setup):
         assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
 
 
-def test_activation_checkpointing_keeps_the_trained_roles_off_the_shared_prefix(tmp_path):
-    """transformers drops the cache inside a checkpointed layer: the actor and critic then run whole rows; the
-    reference, which never back-propagates, still shares the prefix."""
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_activation_checkpointing_on_the_shared_prompt_prefix_makes_the_same_update(tmp_path, mode):
+    """The layers run again in the backward read the same read-only prefix cache: the step is that of whole rows
+    without recompute."""
+    runs = {}
+    for name, share, recompute in (("plain", False, "none"), ("shared", True, mode)):
+        trainer = PPOTrainer(make_cfg(tmp_path / name, iterations=2, critic="separate", reference=TINY,
+                                      share_prompt_prefix=share, activation_checkpointing=recompute,
+                                      **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}),
+                             progress=False)
+        policy = trainer.roles.policy
+        assert [policy.share_prefix, policy.critic_shares_prefix, trainer.experience.reference_shares_prefix] == \
+            [share] * 3
+        before = _params(trainer.model)
+        metrics = trainer.step(1)
+        runs[name] = (before, _params(trainer.model), metrics)
+    _assert_same_update(runs["plain"], runs["shared"], atol=1e-5)
+
+
+def test_without_a_cache_kept_under_checkpointing_the_trained_roles_run_whole_rows(tmp_path, monkeypatch):
+    """Where transformers has no switch for a layer to keep a cache under checkpointing, the actor and critic run
+    whole rows; the reference, which never back-propagates, still shares the prefix."""
+    import quartet.models.prefix as prefix
+
+    monkeypatch.setattr(prefix, "keep_cache_under_checkpointing", lambda model: False)
     trainer = PPOTrainer(make_cfg(tmp_path, iterations=2, critic="separate", reference=TINY,
-                                  activation_checkpointing="selective", **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}),
+                                  activation_checkpointing="selective",
+                                  **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}),
                          progress=False)
     policy = trainer.roles.policy
     assert [policy.share_prefix, policy.critic_shares_prefix, trainer.experience.reference_shares_prefix] == \

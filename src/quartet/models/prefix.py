@@ -13,11 +13,14 @@ suffix forward gets each row without its prefix columns, so its `L_i` pads now s
 out, as before) and every later column keeps its position id. Output column j of the suffix forward is input
 column j + n of a row: callers that slice states by column subtract `n`; logits kept from the end are unchanged.
 
-Where it is not used (`n` = 0): fewer than `MIN_SHARED_TOKENS` shared tokens or fewer than two rows; under
-activation checkpointing while training (transformers drops the cache inside a checkpointed layer, so the suffix
-would not see the prefix: the caller passes `enabled=False`); and wherever `probe` finds that the model's forward
-with a cache does not give its full forward's outputs (an architecture or transformers version whose cache or
-mask handling differs).
+Under activation checkpointing the update's layers run again in the backward: the cache the suffix pass reads is
+read-only (each layer joins the prefix's keys and values to its own and stores nothing), so the recompute reads
+what the forward read, and the trained roles' layers are told they may keep it (`keep_cache_under_checkpointing`;
+transformers otherwise drops the cache inside a checkpointed layer).
+
+Where it is not used (`n` = 0): fewer than `MIN_SHARED_TOKENS` shared tokens or fewer than two rows; and wherever
+`probe` finds that the model's forward on the cache does not give its full forward's outputs (an architecture or
+transformers version whose cache, mask or checkpointing handling differs): the caller then runs whole rows.
 """
 
 from __future__ import annotations
@@ -63,22 +66,59 @@ def _cache_kwarg(model: nn.Module) -> str:
 
 
 def _broadcast(cache, rows: int):
-    """`cache` (one row) as `rows` rows, every layer's keys and values broadcast with their graph; layers the
-    prefix pass did not run (those under a frozen trunk, models/trunk.py) get zeros of the prefix's length, which
-    the suffix pass does not read either, so every layer reports the prefix's length to the mask builder."""
-    layers = cache.layers
-    done = [layer for layer in layers if getattr(layer, "is_initialized", False)]
+    """`cache` (one row) as a read-only cache of `rows` rows: each layer's keys and values broadcast with their
+    graph, and its `update` giving them joined with the new tokens' without storing anything, so a layer run
+    again (activation checkpointing's recompute) reads the same prefix. Layers the prefix pass did not run (those
+    under a frozen trunk, models/trunk.py) get zeros of the prefix's length, which the suffix pass does not read
+    either, so every layer reports the prefix's length to the mask builder."""
+    done = [layer for layer in cache.layers if getattr(layer, "is_initialized", False)]
     if not done:
         raise RuntimeError("the prefix pass filled no cache layer")
     like_k, like_v = done[0].keys, done[0].values
-    for layer in layers:
+    for layer in cache.layers:
         if getattr(layer, "is_initialized", False):
             k, v = layer.keys, layer.values
-            layer.reset()
         else:
             k, v = torch.zeros_like(like_k), torch.zeros_like(like_v)
-        layer.update(k.expand(rows, *k.shape[1:]), v.expand(rows, *v.shape[1:]))
+            layer.lazy_initialization(k, v)
+        layer.keys, layer.values = k.expand(rows, *k.shape[1:]), v.expand(rows, *v.shape[1:])
+        layer.update = _joined(layer.keys, layer.values)
     return cache
+
+
+def _joined(keys: torch.Tensor, values: torch.Tensor):
+    def update(key_states, value_states, *args, **kwargs):
+        return torch.cat([keys, key_states], dim=-2), torch.cat([values, value_states], dim=-2)
+
+    return update
+
+
+@contextlib.contextmanager
+def _not_checkpointed(model: nn.Module):
+    """Activation checkpointing off in `model` for a moment (transformers' per-module `gradient_checkpointing`)."""
+    on = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in on:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in on:
+            m.gradient_checkpointing = True
+
+
+def keep_cache_under_checkpointing(model: nn.Module) -> bool:
+    """Let `model`'s checkpointed decoder layers keep the cache they are given (transformers drops it unless a
+    layer says it only reads it, `_can_checkpoint_with_cache`): true of the read-only prefix cache above, and no
+    other cache reaches them with gradients on (generation runs without). False where transformers has no such
+    switch, and then the caller runs whole rows."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers or not all(hasattr(m, "_can_checkpoint_with_cache") for m in layers):
+        return False
+    for m in layers:
+        m._can_checkpoint_with_cache = True
+    return True
 
 
 def forward_shared_prefix(
@@ -91,26 +131,29 @@ def forward_shared_prefix(
     x, key = (input_ids, "input_ids") if input_ids is not None else (inputs_embeds, "inputs_embeds")
     B, T = attention_mask.shape
     first = int(pads[0])
-    prefix = model(**{key: x[:1, first : first + n]}, attention_mask=attention_mask[:1, first : first + n],
-                   position_ids=position_ids[:1, first : first + n], use_cache=True)
+    with _not_checkpointed(model):  # one row of n tokens: nothing worth recomputing, and a recompute would write
+        prefix = model(**{key: x[:1, first : first + n]}, attention_mask=attention_mask[:1, first : first + n],
+                       position_ids=position_ids[:1, first : first + n], use_cache=True)
     cache = getattr(prefix, "cache", None) or getattr(prefix, "past_key_values", None)
     cols = torch.arange(T, device=attention_mask.device)[None, :]
     start = pads.to(attention_mask.device)[:, None]
     keep = (cols < start) | (cols >= start + n)
     rest = x[keep].view(B, T - n, *x.shape[2:])
     mask = torch.cat([attention_mask.new_ones(B, n), attention_mask[keep].view(B, T - n)], 1)
-    kwargs.pop("use_cache", None)
+    kwargs.pop("use_cache", None)  # the cache is given, and read only: nothing to keep from this pass
     return model(**{key: rest}, attention_mask=mask, position_ids=position_ids[keep].view(B, T - n),
-                 use_cache=True, **{_cache_kwarg(model): _broadcast(cache, B)}, **kwargs)
+                 use_cache=False, **{_cache_kwarg(model): _broadcast(cache, B)}, **kwargs)
 
 
-def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype | None = None) -> bool:
+def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype | None = None,
+          training: bool = False) -> bool:
     """Whether `forward_shared_prefix` gives `model`'s full forward on a small left-padded batch whose rows share
     `MIN_SHARED_TOKENS` tokens after pads of three lengths (within 1e-4 of the outputs' largest magnitude; 1e-2
     under a bf16 autocast, which rounds each product: a wrong mask or position moves them by more). `read(output) -> (B, T, ...)`
     takes the states to compare (default: the logits); `trunk`: a frozen trunk (models/trunk.py) of `model`, whose
     top is what then runs on its states; `autocast_dtype`: the autocast its forwards run under (weights held in
-    that dtype need it)."""
+    that dtype need it); `training`: in training mode with gradients on, as the update runs (where activation
+    checkpointing's wrapper decides what a layer is given)."""
     from quartet.rollout.record import position_ids_from_mask
 
     read = read or (lambda out: out.logits)
@@ -124,11 +167,11 @@ def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype |
     cols = torch.arange(T)[None, :]
     mask = (cols >= pads[:, None]).long().to(weight.device)
     pos = position_ids_from_mask(mask)
-    training = model.training
-    model.eval()
+    was_training = model.training
+    model.train(training)
     try:
         autocast = torch.autocast(weight.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None)
-        with torch.no_grad(), autocast:
+        with torch.set_grad_enabled(training), autocast:
             inputs = {"input_ids": ids} if trunk is None else {"inputs_embeds": trunk.states(ids, mask, pos)}
             with trunk.top() if trunk is not None else contextlib.nullcontext():
                 full = read(model(**inputs, attention_mask=mask, position_ids=pos, use_cache=False))
@@ -137,7 +180,8 @@ def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype |
         log.info("shared prompt prefix: probe failed (%s: %s); not used", type(e).__name__, e)
         return False
     finally:
-        model.train(training)
+        model.train(was_training)
+    full, shared = full.detach(), shared.detach()
     keep = (cols < pads[:, None]) | (cols >= pads[:, None] + n)
     real = mask.bool()[keep].view(B, T - n)
     want = full[keep].view(B, T - n, *full.shape[2:])

@@ -189,20 +189,27 @@ class PPOTrainer:
 
     def _share_prefixes(self, policy) -> None:
         """Which forwards run the rows' shared prompt prefix once (models/prefix.py): each model where the probe
-        finds it gives the full forward; the trained roles only without activation checkpointing (transformers
-        drops the cache inside a checkpointed layer), so that their old log-probs and values come from the same
-        computation as the update's. Not under sharded weights: FSDP2 on gloo aborted on the actor's two calls in
-        one forward (tests/distributed/test_sharded.py), and sharded runs are GPU runs this was not measured on."""
+        finds it gives the full forward; under activation checkpointing the trained roles also where their layers
+        may keep the read-only prefix cache and a forward in training mode still gives the full one. The old
+        log-probs and values come from the same computation as the update's. Not under sharded weights: FSDP2 on
+        gloo aborted on the actor's two calls in one forward (tests/distributed/test_sharded.py), and sharded runs
+        are GPU runs this was not measured on."""
         from quartet.models import prefix
 
         compute = loop.generation_dtype(self.cfg.precision)
         autocast = compute if compute != torch.float32 else None
+        recompute = self.cfg.activation_checkpointing != "none"
+
+        def shares(model, **kw) -> bool:
+            if not prefix.probe(model, autocast_dtype=autocast, **kw):
+                return False
+            return not recompute or (prefix.keep_cache_under_checkpointing(model)
+                                     and prefix.probe(model, autocast_dtype=autocast, training=True, **kw))
+
         actor_ok = prefix.probe(policy.actor, trunk=policy.trunk, autocast_dtype=autocast)
-        trained = self.cfg.activation_checkpointing == "none"
-        policy.share_prefix = actor_ok and trained
+        policy.share_prefix = actor_ok and shares(policy.actor, trunk=policy.trunk)
         if self.separate_critic:
-            policy.critic_shares_prefix = trained and prefix.probe(
-                policy.critic.backbone, read=lambda out: out.last_hidden_state, autocast_dtype=autocast)
+            policy.critic_shares_prefix = shares(policy.critic.backbone, read=lambda out: out.last_hidden_state)
         reference = self.roles.reference
         self.reference_shares_prefix = actor_ok if reference is None else prefix.probe(reference, autocast_dtype=autocast)
 
