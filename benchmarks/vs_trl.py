@@ -14,13 +14,11 @@ with the same seeded scalar head (the value model starts from the reward model o
 
 Sides: trl (all fp32: TRL's bf16 flag is a no-op for PPO on CPU; the ratios are against it), and trl-mb8
 (the same minibatch of 16 in two micro-batches of 8: gradient_accumulation_steps 2); quartet separate critic,
-full fine-tune, fp32 and auto (bf16 autocast where the CPU has it), auto with activation checkpointing
-(`activation_checkpointing: selective` and `full`: less memory for more time), fp32 with each of them, fp32 in
-micro-batches of 8
-(the same update, half the activations at a time) and fp32 without the shared prompt prefix
-(`share_prompt_prefix: false`: every row's 24-token system prompt computed in every forward, as TRL does);
-quartet's own recipe: shared value head + LoRA, auto. Each side runs in its own process, so peak RSS
-(getrusage) is that side's alone.
+full fine-tune, fp32 and auto (bf16 autocast where the CPU has it), each also with activation checkpointing
+(`activation_checkpointing: selective` or `full`: less memory for more time), fp32 in micro-batches of 8 (the
+same update, half the activations at a time) and fp32 without the shared prompt prefix (`share_prompt_prefix:
+false`: every row's 24-token system prompt computed in every forward, as TRL does); quartet's own recipe: shared
+value head + LoRA, auto. Each side runs in its own process, so peak RSS (getrusage) is that side's alone.
 By default the processes run in lockstep, one iteration each in turn (A B C D A B C D ...), so
 machine noise spreads over all sides; `--sequential` runs one side after the other instead (needed
 when all sides do not fit in memory at once: SmolLM2 x4 needs ~10 GB per side).
