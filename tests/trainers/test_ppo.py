@@ -326,16 +326,10 @@ def test_the_shared_prompt_prefix_makes_the_same_update(tmp_path, setup):
         runs[share], tokens[share] = (before, _params(trainer.model), metrics), sum(seen)
     assert tokens[True] < 0.8 * tokens[False]  # "Answer with one short word: " ran once per forward, not per row
     # the prefix's products at batch 1 round apart from the batch's in the last bits; AdamW's steps of 1e-2 (x 4
-    # per role here) normalise gradients near 0, which moves a weight by up to 1e-4 of a step
-    if setup == "separate":
-        _assert_same_update(runs[False], runs[True], atol=1e-5)
-        return
-    (_, a0, m0), (b1, a1, m1) = runs[False], runs[True]
-    assert any(not torch.equal(a1[n], b1[n]) for n in a1 if "lora" in n)
-    for n in a1:
-        torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-5)
-    for key in ("policy/loss", "value/loss", "objective/kl", "policy/entropy"):
-        assert m1[key] == pytest.approx(m0[key], rel=1e-5, abs=1e-7), key
+    # per role here) normalise gradients near 0, which moves a weight by up to 1e-4 of a step. With LoRA the
+    # "critic" that moves is the shared value head
+    _assert_same_update(runs[False], runs[True], atol=1e-5)
+    assert runs[True][2]["objective/kl"] == pytest.approx(runs[False][2]["objective/kl"], rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize("mode", ["selective", "full"])
