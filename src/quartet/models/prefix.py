@@ -111,8 +111,10 @@ def keep_cache_under_checkpointing(model: nn.Module) -> bool:
     layer says it only reads it, `_can_checkpoint_with_cache`): true of the read-only prefix cache above, and no
     other cache reaches them with gradients on (generation runs without). False where transformers has no such
     switch, and then the caller runs whole rows."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
+    try:
+        from transformers.modeling_layers import GradientCheckpointingLayer
+    except ImportError:  # transformers 4.x
+        return False
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers or not all(hasattr(m, "_can_checkpoint_with_cache") for m in layers):
         return False
@@ -134,7 +136,9 @@ def forward_shared_prefix(
     with _not_checkpointed(model):  # one row of n tokens: nothing worth recomputing, and a recompute would write
         prefix = model(**{key: x[:1, first : first + n]}, attention_mask=attention_mask[:1, first : first + n],
                        position_ids=position_ids[:1, first : first + n], use_cache=True)
-    cache = getattr(prefix, "cache", None) or getattr(prefix, "past_key_values", None)
+    cache = getattr(prefix, "cache", None)
+    if cache is None:  # transformers before the `cache` name
+        cache = getattr(prefix, "past_key_values", None)
     cols = torch.arange(T, device=attention_mask.device)[None, :]
     start = pads.to(attention_mask.device)[:, None]
     keep = (cols < start) | (cols >= start + n)
