@@ -261,9 +261,10 @@ def run_trl(args, meta: dict, spec: dict) -> None:
         assert not bad, bad
     data = Dataset.from_dict({"input_ids": meta["prompt_ids"]})
     out = Path(tempfile.mkdtemp(prefix="vs-trl-trl-", dir=args.work))
+    micro = spec.get("micro_batch_size", BATCH)  # the minibatch of 16 in micro-batches of this many rows
     cfg = PPOConfig(
-        output_dir=str(out), per_device_train_batch_size=spec.get("micro_batch_size", BATCH),
-        gradient_accumulation_steps=BATCH // spec.get("micro_batch_size", BATCH), num_mini_batches=1,
+        output_dir=str(out), per_device_train_batch_size=micro, gradient_accumulation_steps=BATCH // micro,
+        num_mini_batches=1,
         num_ppo_epochs=EPOCHS, response_length=NEW_TOKENS, total_episodes=BATCH * (args.iterations + 1),
         local_rollout_forward_batch_size=BATCH, learning_rate=LR, temperature=1.0, kl_coef=0.05, vf_coef=0.1,
         stop_token=None, missing_eos_penalty=None, num_sample_generations=0, report_to=[], save_strategy="no",

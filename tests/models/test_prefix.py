@@ -12,6 +12,7 @@ from quartet.models.prefix import (
     MIN_SHARED_TOKENS,
     forward_shared_prefix,
     keep_cache_under_checkpointing,
+    kept_columns,
     probe,
     shared_prefix_length,
 )
@@ -39,9 +40,7 @@ def _batch(rows=4, pads=(3, 0, 1, 2), width=20):
 def _kept(x, pads, n):
     """The columns a shared-prefix forward returns: each row without its prefix columns."""
     B, T = x.shape[:2]
-    cols = torch.arange(T)[None, :]
-    keep = (cols < pads[:, None]) | (cols >= pads[:, None] + n)
-    return x[keep].view(B, T - n, *x.shape[2:])
+    return x[kept_columns(pads, n, T)].view(B, T - n, *x.shape[2:])
 
 
 def test_the_length_is_what_every_row_starts_with_after_its_pads():
@@ -69,7 +68,8 @@ def _random_lora(model):
 
 @pytest.mark.parametrize("kind", ["full", "lora", "lora-trunk", "recompute"])
 def test_the_shared_prefix_forward_gives_the_full_forward_and_its_gradients(kind):
-    """`recompute`: full activation checkpointing, the layers run again in the backward on the read-only cache."""
+    """`recompute`: a full fine-tune under full activation checkpointing, the layers run again in the backward on
+    the read-only cache."""
     ids, mask, pos, pads = _batch()
     model, _ = load_causal_lm(TINY4)
     trunk = None
@@ -78,7 +78,7 @@ def test_the_shared_prefix_forward_gives_the_full_forward_and_its_gradients(kind
         assert keep_cache_under_checkpointing(model)
         model.train()
         assert probe(model, training=True)
-    if kind != "full":
+    if kind.startswith("lora"):
         model = _random_lora(apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8,
                                                           layers_to_transform=[2, 3] if kind == "lora-trunk" else None)))
     if kind == "lora-trunk":

@@ -139,14 +139,19 @@ def forward_shared_prefix(
     cache = getattr(prefix, "cache", None)
     if cache is None:  # transformers before the `cache` name
         cache = getattr(prefix, "past_key_values", None)
-    cols = torch.arange(T, device=attention_mask.device)[None, :]
-    start = pads.to(attention_mask.device)[:, None]
-    keep = (cols < start) | (cols >= start + n)
+    keep = kept_columns(pads.to(attention_mask.device), n, T)
     rest = x[keep].view(B, T - n, *x.shape[2:])
     mask = torch.cat([attention_mask.new_ones(B, n), attention_mask[keep].view(B, T - n)], 1)
-    kwargs.pop("use_cache", None)  # the cache is given, and read only: nothing to keep from this pass
+    # the cache is given, and read only: nothing to keep from this pass
     return model(**{key: rest}, attention_mask=mask, position_ids=position_ids[keep].view(B, T - n),
                  use_cache=False, **{_cache_kwarg(model): _broadcast(cache, B)}, **kwargs)
+
+
+def kept_columns(pads: torch.Tensor, n: int, width: int) -> torch.Tensor:
+    """(B, width) bool: the columns of each row that `forward_shared_prefix` returns, all but the row's `n` prefix
+    columns after its `pads` left pads."""
+    cols = torch.arange(width, device=pads.device)[None, :]
+    return (cols < pads[:, None]) | (cols >= pads[:, None] + n)
 
 
 def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype | None = None,
@@ -168,8 +173,7 @@ def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype |
     pads = torch.tensor([2, 1, 0])
     for i in range(B):
         ids[i, int(pads[i]) : int(pads[i]) + n] = ids[0, 2 : 2 + n]
-    cols = torch.arange(T)[None, :]
-    mask = (cols >= pads[:, None]).long().to(weight.device)
+    mask = (torch.arange(T)[None, :] >= pads[:, None]).long().to(weight.device)
     pos = position_ids_from_mask(mask)
     was_training = model.training
     model.train(training)
@@ -186,7 +190,7 @@ def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype |
     finally:
         model.train(was_training)
     full, shared = full.detach(), shared.detach()
-    keep = (cols < pads[:, None]) | (cols >= pads[:, None] + n)
+    keep = kept_columns(pads, n, T).to(mask.device)
     real = mask.bool()[keep].view(B, T - n)
     want = full[keep].view(B, T - n, *full.shape[2:])
     tol = 1e-4 if autocast_dtype in (None, torch.float32) else 1e-2

@@ -147,9 +147,9 @@ class PPOTrainer:
             # LoRA on the top layers only: the frozen layers below run once per rollout (models/trunk.py)
             compute = loop.generation_dtype(cfg.precision)
             policy.trunk = Trunk.attach(policy.actor, compute if compute != torch.float32 else None)
-        self.reference_shares_prefix = False
+        reference_shares_prefix = False
         if cfg.share_prompt_prefix and not self.sharded:
-            self._share_prefixes(policy)
+            reference_shares_prefix = self._share_prefixes(policy)
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})
@@ -162,7 +162,7 @@ class PPOTrainer:
                              share_weights=not cfg.lora.enabled and not self.sharded)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
         if sharding.sharded(self.model) is not None:  # sharded by `prepare` itself: whole rows (see _share_prefixes)
-            policy.share_prefix = policy.critic_shares_prefix = self.reference_shares_prefix = False
+            policy.share_prefix = policy.critic_shares_prefix = reference_shares_prefix = False
         groups = [g["params"] for g in self.optimizer.param_groups]
         # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
         # veRL, which give it its own optimizer); a shared one trains the actor's backbone: one norm for all
@@ -176,7 +176,7 @@ class PPOTrainer:
         self.experience = ExperienceMaker(cfg, self.roles, engine, self.accelerator,
                                           [examples[i].prompt for i in encoded.kept], encoded.input_ids,
                                           self.moments, self.estimator.needs_greedy)
-        self.experience.reference_shares_prefix = self.reference_shares_prefix
+        self.experience.reference_shares_prefix = reference_shares_prefix
         if resume:
             self._resume()
         elif self.main:  # a fresh run; lines a crashed earlier attempt logged before any checkpoint go
@@ -187,31 +187,32 @@ class PPOTrainer:
             for name in ("metrics.jsonl", "samples.jsonl"):
                 truncate_after(self.run_dir / name, "ppo", 0)
 
-    def _share_prefixes(self, policy) -> None:
+    def _share_prefixes(self, policy) -> bool:
         """Which forwards run the rows' shared prompt prefix once (models/prefix.py): each model where the probe
         finds it gives the full forward; under activation checkpointing the trained roles also where their layers
         may keep the read-only prefix cache and a forward in training mode still gives the full one. The old
-        log-probs and values come from the same computation as the update's. Not under sharded weights: FSDP2 on
-        gloo aborted on the actor's two calls in one forward (tests/distributed/test_sharded.py), and sharded runs
-        are GPU runs this was not measured on."""
+        log-probs and values come from the same computation as the update's. Sets the actor's and critic's flags
+        and returns the reference's. Not under sharded weights: FSDP2 on gloo aborted on the actor's two calls in
+        one forward (tests/distributed/test_sharded.py), and sharded runs are GPU runs this was not measured on."""
         from quartet.models import prefix
 
         compute = loop.generation_dtype(self.cfg.precision)
         autocast = compute if compute != torch.float32 else None
         recompute = self.cfg.activation_checkpointing != "none"
 
-        def shares(model, **kw) -> bool:
-            if not prefix.probe(model, autocast_dtype=autocast, **kw):
-                return False
-            return not recompute or (prefix.keep_cache_under_checkpointing(model)
-                                     and prefix.probe(model, autocast_dtype=autocast, training=True, **kw))
+        def trained(model, probed: bool, **kw) -> bool:  # the update's forwards also run in training mode
+            return probed and (not recompute or (prefix.keep_cache_under_checkpointing(model)
+                                                 and prefix.probe(model, autocast_dtype=autocast, training=True, **kw)))
 
         actor_ok = prefix.probe(policy.actor, trunk=policy.trunk, autocast_dtype=autocast)
-        policy.share_prefix = actor_ok and shares(policy.actor, trunk=policy.trunk)
+        policy.share_prefix = trained(policy.actor, actor_ok, trunk=policy.trunk)
         if self.separate_critic:
-            policy.critic_shares_prefix = shares(policy.critic.backbone, read=lambda out: out.last_hidden_state)
+            read = {"read": lambda out: out.last_hidden_state}
+            backbone = policy.critic.backbone
+            policy.critic_shares_prefix = trained(backbone, prefix.probe(backbone, autocast_dtype=autocast, **read),
+                                                  **read)
         reference = self.roles.reference
-        self.reference_shares_prefix = actor_ok if reference is None else prefix.probe(reference, autocast_dtype=autocast)
+        return actor_ok if reference is None else prefix.probe(reference, autocast_dtype=autocast)
 
     # ------------------------------------------------------------------ the recipe
     def step(self, iteration: int) -> dict[str, float]:
