@@ -161,6 +161,9 @@ def prepare(work: Path, model: str) -> dict:
 
 # --------------------------------------------------------------------------- Quartet side
 def run_quartet(args, meta: dict, spec: dict) -> None:
+    from quartet.allocator import huge_page_tensors, retain_freed_memory
+
+    retain_freed_memory()  # first, as the CLI does: torch reads its huge-page switch at its first allocation
     import torch
 
     from quartet.config import PPOConfig, from_dict
@@ -183,7 +186,8 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
     })
     trainer = PPOTrainer(cfg, progress=False)
     trainer.experience.engine.generation_config.eos_token_id = None  # every response is 32 tokens
-    emit({"ready": True, "precision": trainer.accelerator.mixed_precision or "no", "rss_mb": rss_mb()})
+    emit({"ready": True, "precision": trainer.accelerator.mixed_precision or "no", "rss_mb": rss_mb(),
+          "huge_pages": huge_page_tensors()})
     for it in range(1, cfg.iterations + 1):
         wait_go()
         t = time.perf_counter()

@@ -51,3 +51,35 @@ def test_unknown_mode_is_a_config_error(monkeypatch):
     monkeypatch.setenv("QUARTET_MALLOC", "jemalloc")
     with pytest.raises(ConfigError, match="QUARTET_MALLOC: must be retain or default"):
         allocator.retain_freed_memory()
+
+
+HUGE = """
+import json, os
+from quartet.allocator import retain_freed_memory, huge_page_tensors
+retain_freed_memory()
+import torch
+held = [torch.empty(n << 20, dtype=torch.uint8) for n in (2, 5, 9)]
+print(json.dumps({"on": huge_page_tensors(), "aligned": all(t.data_ptr() % 4096 == 0 for t in held),
+                  "env": os.environ.get("THP_MEM_ALLOC_ENABLE")}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION"),
+                    reason="glibc only")
+@pytest.mark.parametrize("mode, user, on", [("retain", None, True), ("default", None, False), ("retain", "0", False)])
+def test_tensors_are_page_aligned_for_huge_pages_unless_told_otherwise(mode, user, on):
+    """torch's THP_MEM_ALLOC_ENABLE, set for this process only (the variable is gone afterwards, so child processes
+    do not inherit it); QUARTET_MALLOC=default, or the user's own value of the variable, leaves torch as it is."""
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    env.update({"QUARTET_MALLOC": mode, **({"THP_MEM_ALLOC_ENABLE": user} if user is not None else {})})
+    out = subprocess.run([sys.executable, "-c", HUGE], env=env, capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got == {"on": on, "aligned": on, "env": user}
+
+
+def test_huge_pages_are_left_alone_once_torch_has_allocated():
+    """c10 reads the variable at its first allocation: after that, setting it changes nothing, and it says so."""
+    code = ("import torch; x = torch.ones(3); from quartet.allocator import huge_page_tensors; "
+            "print(huge_page_tensors(), torch.empty(3 << 20, dtype=torch.uint8).data_ptr() % 4096 == 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -14,6 +14,14 @@ with the process for its next step, so the resident size stays at its peak rathe
 the peak itself was the same (8.3-8.4 GB in the run above). A trim threshold of -1 means never trim
 (mallopt(3)). It is process-wide and applied once, by the CLI and by every trainer's accelerator;
 QUARTET_MALLOC=default leaves glibc as it is. Other C libraries (musl, macOS) are left alone.
+
+With them, `huge_page_tensors()` turns on torch's own THP_MEM_ALLOC_ENABLE (tensors of 2 MB and more page-aligned
+and advised onto transparent huge pages) for the process. Measured on the run above's workload in fp32 with
+selective recompute (AVX-512 BF16 CPU, 2 threads, 4 iterations each, one run after the other): peak RSS 6.71-6.87
+-> 6.28-6.38 GB at the same time per iteration (57-60 s without, 59-61 s with, within this machine's run-to-run
+spread). Freed heap that glibc keeps is most of the peak above what is in use: a thread calling `malloc_trim`
+every 0.1 s held the peak to 5.9 GB, for 20 s more per iteration. QUARTET_MALLOC=default, or
+THP_MEM_ALLOC_ENABLE set by the user, leaves it as it is.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ import sys
 from quartet.errors import ConfigError
 
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # glibc's malloc.h; a trim threshold of -1 turns trimming off (mallopt(3))
+THP = "THP_MEM_ALLOC_ENABLE"  # torch's switch (c10's CPU allocator), read once, at its first allocation
 
 _applied: bool | None = None
+_huge: bool | None = None
 
 
 def retain_freed_memory() -> bool:
@@ -46,4 +56,30 @@ def retain_freed_memory() -> bool:
                                ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, -1)))
         except OSError:
             pass
+        if _applied:
+            huge_page_tensors()
     return _applied
+
+
+def huge_page_tensors() -> bool:
+    """Tensors of 2 MB and more page-aligned and on transparent huge pages (torch's THP_MEM_ALLOC_ENABLE=1, as
+    PyTorch's CPU tuning guides set it), for this process only: the variable is set for torch's first allocation,
+    which reads it, and removed again, so child processes do not inherit it. True when such tensors come out
+    page-aligned afterwards; False (nothing changed) where torch had already allocated, and where the user set
+    the variable, whose value then stands."""
+    global _huge
+    if _huge is not None:
+        return _huge
+    _huge = False
+    if THP in os.environ or not sys.platform.startswith("linux"):
+        return _huge
+    os.environ[THP] = "1"
+    try:
+        import torch
+
+        # blocks of 2 MB and more are page-aligned under it, 64-byte aligned otherwise (by chance 1 in 64 each)
+        held = [torch.empty(n << 20, dtype=torch.uint8) for n in (2, 3, 4)]
+        _huge = all(t.data_ptr() % 4096 == 0 for t in held)
+    finally:
+        del os.environ[THP]
+    return _huge
