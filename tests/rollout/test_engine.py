@@ -195,3 +195,38 @@ def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples
     for i, n in enumerate(lengths):
         assert ro.response_ids[i, :n].tolist() == full[i, :n].tolist()
         assert (ro.response_ids[i, n:] == tok.pad_token_id).all()
+
+
+@pytest.mark.parametrize("share_weights", [False, True])
+def test_recorded_logprobs_are_the_teacher_forced_forwards(share_weights):
+    """`record_logprobs`: each sampled token's log-prob and its step's entropy under softmax(logits / T), before
+    top-k cuts the distribution, are what the actor's forward over the finished rollout gives (what PPO's old
+    log-probs are), rows that finish early included; 0 on padding. Greedy rows record nothing."""
+    from quartet.algo.logprobs import logprobs_and_entropy
+    from quartet.data import left_pad
+    from quartet.trainers.ppo_roles import actor_logprobs
+
+    model, tok = load_causal_lm(TINY)
+    gen = GenerationConfig(max_new_tokens=24, batch_size=64, temperature=0.8, top_k=20)
+    engine = HFEngine(model, tok, gen, dtype=torch.float32, share_weights=share_weights)
+    ids, mask = left_pad([[5, 6, 7], [9, 10], [11, 12, 13, 14], [15], [16, 17], [18, 19, 20]], tok.pad_token_id)
+    engine.generation_config.eos_token_id = None  # the token in most answers then ends rows at different steps
+    free = engine.generate(ids, mask, seed=1).response_ids
+    eos = torch.stack([torch.bincount(row, minlength=260).clamp(max=1) for row in free]).sum(0).argmax()
+    tok.eos_token = tok.convert_ids_to_tokens(int(eos))  # the rollout's answers end there too
+    engine.generation_config.eos_token_id = int(eos)
+    assert engine.generate(ids, mask, seed=1).engine_logprobs is None  # only when asked
+    engine.record_logprobs = True
+    ro = engine.generate(ids, mask, seed=1, num_samples=2)
+    assert 1 < int(ro.lengths.min()) < int(ro.lengths.max())  # rows ended at different steps
+    with torch.no_grad():
+        want, want_entropy, _ = actor_logprobs(model, ro, 0.8)
+        logits = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask).logits
+    torch.testing.assert_close(ro.engine_logprobs, want * ro.response_mask, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ro.engine_entropy, want_entropy * ro.response_mask, atol=1e-5, rtol=0)
+    assert (ro.engine_logprobs[ro.response_mask == 0] == 0).all()
+    # untruncated: a top-20 log-prob would be larger than the full softmax's
+    P = ro.prompt_ids.shape[1]
+    full, _ = logprobs_and_entropy(logits[:, P - 1 : -1], ro.response_ids, 0.8)
+    torch.testing.assert_close(ro.engine_logprobs, full * ro.response_mask, atol=1e-5, rtol=0)
+    assert engine.generate(ids, mask, greedy=True).engine_logprobs is None

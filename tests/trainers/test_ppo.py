@@ -367,6 +367,58 @@ def test_without_a_cache_kept_under_checkpointing_the_trained_roles_run_whole_ro
     assert all(math.isfinite(v) for v in trainer.step(1).values())
 
 
+@pytest.mark.parametrize("setup", ["separate", "rloo", "lora"])
+def test_the_sampling_passs_logprobs_make_the_same_update(tmp_path, monkeypatch, setup):
+    """fp32 sampling of the fp32 actor's weights (its own, or a LoRA actor's merged into the engine's fp32 copy):
+    the old log-probs come from the sampling pass, the actor runs no scoring forward (only the update's), and the
+    step is the one with the actor's forward over the rollout."""
+    import quartet.trainers.ppo_roles as ppo_roles
+
+    # adam_eps 1: AdamW's first steps are then ~lr x gradient, not ~lr x its sign, so a gradient rounded apart
+    # near 0 moves a weight by a rounding, not by a whole step
+    cfg = {"reference": TINY, "optim.adam_eps": 1.0, **{
+        "separate": {"critic": "separate"}, "lora": {"critic": "separate", "lora.enabled": True, "lora.r": 4},
+        "rloo": {"critic": "none", "advantage": "rloo", "samples_per_prompt": 2}}[setup]}
+    calls = []
+    forward = ppo_roles.actor_logprobs
+    monkeypatch.setattr(ppo_roles, "actor_logprobs", lambda *a, **k: calls.append(1) or forward(*a, **k))
+    runs = {}
+    for reuse in (False, True):
+        trainer = PPOTrainer(make_cfg(tmp_path / str(reuse), iterations=2, reuse_sampling_logprobs=reuse, **cfg),
+                             progress=False)
+        assert trainer.experience.reuse_sampling_logprobs is trainer.experience.engine.record_logprobs is reuse
+        before = _params(trainer.model)
+        calls.clear()
+        experience = trainer.experience.make(trainer.model, 1)
+        assert (len(calls) == 0) is reuse and experience.rollout.engine_logprobs is None
+        assert experience.entropy.abs().sum() > 0
+        sampled = (experience.rollout.old_logprobs, experience.entropy)
+        calls.clear()
+        metrics = trainer.step(1)
+        assert calls  # the update's forwards
+        runs[reuse] = (before, _params(trainer.model), metrics, sampled)
+    for got, want in zip(runs[True][3], runs[False][3]):  # old log-probs, entropy
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    if setup != "rloo":
+        _assert_same_update(runs[False][:3], runs[True][:3], atol=1e-6)
+    else:
+        (b0, a0, m0), (b1, a1, m1) = runs[False][:3], runs[True][:3]
+        assert all(torch.equal(b1[n], b0[n]) for n in b1)
+        assert any(not torch.equal(a1[n], b1[n]) for n in a1)
+        for n in a1:
+            torch.testing.assert_close(a1[n], a0[n], rtol=1e-5, atol=1e-6)
+        assert m1["policy/loss"] == pytest.approx(m0["policy/loss"], rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("overrides", [{"precision": "bf16"}, {"critic": "shared"}])
+def test_the_sampling_passs_logprobs_are_not_reused_where_they_differ_or_save_nothing(tmp_path, overrides):
+    """bf16 sampling rounds apart from the training forward (by more than the update's first ratios should see);
+    a shared value head needs the actor's forward anyway: the actor's forward gives the old log-probs there."""
+    cfg = {"critic": "separate", **overrides}
+    trainer = PPOTrainer(make_cfg(tmp_path, **cfg), progress=False)
+    assert not trainer.experience.reuse_sampling_logprobs and not trainer.experience.engine.record_logprobs
+
+
 def _assert_same_update(plain, other, atol=1e-6):
     """Two (weights before, weights after, metrics) of one PPO step with a separate critic: the same start, both
     roles moved, and the same update and losses."""

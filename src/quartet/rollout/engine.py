@@ -118,6 +118,10 @@ class HFEngine:
         self.cfg = gen_cfg
         self.dtype = dtype
         self.shares_weights = share_weights
+        # set by a trainer: sampled rows also carry each token's log-prob and the entropy of softmax(logits / T)
+        # at its step (`Rollout.engine_logprobs`, `.engine_entropy`; 0 on padding), taken from the logits the
+        # token was drawn from, before top-k / top-p
+        self.record_logprobs = False
         if share_weights:
             if hasattr(actor, "get_base_model"):
                 raise ValueError("HFEngine: share_weights takes a plain model (a LoRA actor is sampled merged)")
@@ -212,15 +216,19 @@ class HFEngine:
             first = start * num_samples
             processors = None if greedy else self._sampler(seeds[first : first + ids.shape[0]])
             chunks.append(self._decode(ids, mask, cache, processors))
-        width = max(c.shape[1] for c in chunks)
-        pad = self.tokenizer.pad_token_id
-        response_ids = torch.cat(
-            [torch.nn.functional.pad(c, (0, width - c.shape[1]), value=pad) for c in chunks]
-        )
-        return make_rollout(prompt_ids, prompt_mask, response_ids, self.tokenizer, num_samples)
+        width = max(c[0].shape[1] for c in chunks)
 
-    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, cache, processors) -> torch.Tensor:
-        """(b, R) new tokens for left-padded prompts `ids` (b, P), pad after each row's EOS.
+        def joined(i: int, value) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(c[i], (0, width - c[i].shape[1]), value=value) for c in chunks])
+
+        ro = make_rollout(prompt_ids, prompt_mask, joined(0, self.tokenizer.pad_token_id), self.tokenizer, num_samples)
+        if chunks[0][1] is not None:
+            ro.engine_logprobs, ro.engine_entropy = joined(1, 0.0) * ro.response_mask, joined(2, 0.0) * ro.response_mask
+        return ro
+
+    def _decode(self, ids: torch.Tensor, mask: torch.Tensor, cache, processors):
+        """(b, R) new tokens for left-padded prompts `ids` (b, P), pad after each row's EOS; and, when sampling
+        with `record_logprobs`, each token's log-prob and its step's entropy (b, R) (else None, None).
 
         What transformers' `generate` does with a KV cache, but a row that has emitted EOS leaves the batch
         (its rows of the cache are dropped), so the rows still going do not carry the finished ones: the
@@ -236,14 +244,21 @@ class HFEngine:
         pos = position_ids_from_mask(mask)
         feed, pos = (ids, pos) if cache is None else (ids[:, -1:], pos[:, -1:])
         sampler = processors[-1] if processors is not None else None
+        record = self.record_logprobs and processors is not None
+        logprobs = torch.zeros(b, R) if record else None
+        entropy = torch.zeros(b, R) if record else None
         steps = 0
         for t in range(R):
             step = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
                               use_cache=True, logits_to_keep=1)
             cache = step.past_key_values
             scores = step.logits[:, -1].float()
+            logp = torch.log_softmax(scores / self.cfg.temperature, dim=-1) if record else None
             token = (scores if processors is None else processors(feed, scores)).argmax(-1)
             out[rows, t] = token
+            if record:
+                logprobs[rows, t] = logp.gather(1, token[:, None]).squeeze(1)
+                entropy[rows, t] = -(logp.exp() * logp).sum(-1)
             steps = t + 1
             going = ~torch.isin(token, eos)
             if not bool(going.any()):
@@ -257,7 +272,9 @@ class HFEngine:
                 if sampler is not None:
                     sampler.keep(keep.tolist())
             feed = token[:, None]
-        return out[:, :steps]
+        if not record:
+            return out[:, :steps], None, None
+        return out[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, k: int):
         """KV cache of each prompt but its last token, computed once and repeated for its k samples.

@@ -31,7 +31,8 @@ class Rollout:
     kl: torch.Tensor | None = None  # (B, R) per-token KL estimate
     advantages: torch.Tensor | None = None  # (B, R)
     returns: torch.Tensor | None = None  # (B, R)
-    engine_logprobs: torch.Tensor | None = None  # (B, R) the sampling engine's own log-prob of each token (vLLM), 0 on padding
+    engine_logprobs: torch.Tensor | None = None  # (B, R) the sampling engine's own log-prob of each token, 0 on padding
+    engine_entropy: torch.Tensor | None = None  # (B, R) the entropy of the engine's distribution at each token
     trunk: torch.Tensor | None = None  # (B, T, H) the actor's frozen bottom layers' output (models/trunk.py)
 
     def __len__(self) -> int:

@@ -72,6 +72,8 @@ class ExperienceMaker:
         self.needs_greedy = needs_greedy
         self._perm: tuple[int, list[int]] | None = None
         self.reference_shares_prefix = False  # the trainer's verdict (models/prefix.py)
+        # the trainer's verdict: the engine's log-probs are the actor's forward's (PPOConfig.reuse_sampling_logprobs)
+        self.reuse_sampling_logprobs = False
 
     @torch.no_grad()
     def make(self, model, iteration: int) -> Experience:
@@ -103,7 +105,14 @@ class ExperienceMaker:
         t = time.perf_counter()
         trunk = self.roles.policy.trunk
         ro.trunk = self._trunk_states(trunk, ro) if trunk is not None else None
-        ro.old_logprobs, entropy, ro.values = self._chunked(lambda mb: model(mb), ro)
+        if self.reuse_sampling_logprobs and ro.engine_logprobs is not None:
+            # the engine sampled the actor's own weights in the training precision: its log-probs are the forward's
+            ro.old_logprobs, entropy = ro.engine_logprobs, ro.engine_entropy
+            ro.engine_logprobs = ro.engine_entropy = None
+            if self.roles.policy.critic is not None:  # a separate critic: its own forward
+                ro.values = self._chunked(lambda mb: model(mb, part="critic"), ro)[2]
+        else:
+            ro.old_logprobs, entropy, ro.values = self._chunked(lambda mb: model(mb), ro)
         timing["timing/forward"] = time.perf_counter() - t
         t = time.perf_counter()
         shared = trunk if self.roles.reference is None else None  # the adapter-disabled actor: the same trunk

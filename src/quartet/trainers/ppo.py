@@ -52,7 +52,7 @@ from quartet.models.lean_ops import apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
 from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, run_lock, write_marker
-from quartet.rollout.engine import make_engine
+from quartet.rollout.engine import HFEngine, make_engine
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import RunningMoments
 from quartet.trainers import checkpoint as ckpt
@@ -177,6 +177,13 @@ class PPOTrainer:
                                           [examples[i].prompt for i in encoded.kept], encoded.input_ids,
                                           self.moments, self.estimator.needs_greedy)
         self.experience.reference_shares_prefix = reference_shares_prefix
+        # fp32 sampling of the fp32-trained actor's own weights: the sampling pass's log-probs are its forward's
+        # (up to float rounding), so the old log-probs come from there; not with a shared value head (the actor's
+        # forward runs for the values anyway) or a frozen trunk
+        engine.record_logprobs = self.experience.reuse_sampling_logprobs = (
+            cfg.reuse_sampling_logprobs and isinstance(engine, HFEngine) and engine.dtype == torch.float32
+            and loop.generation_dtype(cfg.precision) == torch.float32 and not policy.shared_critic
+            and policy.trunk is None)
         if resume:
             self._resume()
         elif self.main:  # a fresh run; lines a crashed earlier attempt logged before any checkpoint go
