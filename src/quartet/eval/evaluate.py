@@ -63,6 +63,7 @@ from quartet.atomic import atomic_write_text
 from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
+from quartet.models.loading import cache_kwarg, output_cache
 from quartet.models.packed import pack_linears
 from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, write_marker
@@ -351,14 +352,14 @@ def _decode(model, ids, mask, uniforms, temperature, top_p, eos_id, pad_id) -> t
         going = token != eos_id
         if not bool(going.any()) or t == uniforms.shape[1] - 1:
             break
-        cache = out.past_key_values
+        cache = output_cache(out)
         if not bool(going.all()):
             keep = going.nonzero().squeeze(1)
             cache.batch_select_indices(keep)
             rows, mask, next_pos, token = rows[keep], mask[keep], next_pos[keep], token[keep]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
         out = model(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache,
+            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **{cache_kwarg(model): cache},
             use_cache=True,
         )  # fmt: skip
         next_pos = next_pos + 1

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -157,6 +159,24 @@ def check_weight_files(path: Path) -> None:
 _GGUF_CACHE: dict[tuple[str, torch.dtype], tuple[nn.Module, object]] = {}
 """(gguf path, dtype) -> pristine (model, tokenizer). Dequantising SmolLM2 takes ~10 s; a PPO run
 loads it up to three times (actor, reference, critic), so copies are handed out instead."""
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The name `model`'s forward takes its KV cache under: `cache` (transformers >= 5.2x, where `past_key_values`
+    is deprecated, to be removed in 5.40) or `past_key_values` (earlier)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _cache_kwarg_of(type(base))
+
+
+@functools.cache
+def _cache_kwarg_of(cls: type) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
+
+
+def output_cache(out):
+    """The KV cache a forward with `use_cache=True` returned, under either name (see `cache_kwarg`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
 
 
 def clear_model_cache() -> None:

@@ -26,11 +26,12 @@ transformers version whose cache, mask or checkpointing handling differs): the c
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 
 import torch
 from torch import nn
+
+from quartet.models.loading import cache_kwarg, output_cache
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,6 @@ def shared_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) ->
     same = (real == real[:1]).all(0)
     n = int(limit if bool(same.all()) else same.long().argmin())
     return n if n >= MIN_SHARED_TOKENS else 0
-
-
-def _cache_kwarg(model: nn.Module) -> str:
-    """The name the model's forward takes its KV cache under: `cache` (transformers >= 5.2x) or `past_key_values`."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(base.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _broadcast(cache, rows: int):
@@ -136,15 +130,13 @@ def forward_shared_prefix(
     with _not_checkpointed(model):  # one row of n tokens: nothing worth recomputing, and a recompute would write
         prefix = model(**{key: x[:1, first : first + n]}, attention_mask=attention_mask[:1, first : first + n],
                        position_ids=position_ids[:1, first : first + n], use_cache=True)
-    cache = getattr(prefix, "cache", None)
-    if cache is None:  # transformers before the `cache` name
-        cache = getattr(prefix, "past_key_values", None)
+    cache = output_cache(prefix)
     keep = kept_columns(pads.to(attention_mask.device), n, T)
     rest = x[keep].view(B, T - n, *x.shape[2:])
     mask = torch.cat([attention_mask.new_ones(B, n), attention_mask[keep].view(B, T - n)], 1)
     # the cache is given, and read only: nothing to keep from this pass
     return model(**{key: rest}, attention_mask=mask, position_ids=position_ids[keep].view(B, T - n),
-                 use_cache=False, **{_cache_kwarg(model): _broadcast(cache, B)}, **kwargs)
+                 use_cache=False, **{cache_kwarg(model): _broadcast(cache, B)}, **kwargs)
 
 
 def kept_columns(pads: torch.Tensor, n: int, width: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ import transformers
 
 from quartet.algo.sampling import inverse_cdf
 from quartet.models.attention import fit_attention_to_shape
-from quartet.models.loading import contiguous_head_input, no_init
+from quartet.models.loading import cache_kwarg, contiguous_head_input, no_init, output_cache
 from quartet.models.lora import full_weight
 from quartet.models.packed import pack_linears, tie_output
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
@@ -249,9 +249,9 @@ class HFEngine:
         entropy = torch.zeros(b, R) if record else None
         steps = 0
         for t in range(R):
-            step = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, past_key_values=cache,
+            step = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, **{cache_kwarg(self.model): cache},
                               use_cache=True, logits_to_keep=1)
-            cache = step.past_key_values
+            cache = output_cache(step)
             scores = step.logits[:, -1].float()
             logp = torch.log_softmax(scores / self.cfg.temperature, dim=-1) if record else None
             token = (scores if processors is None else processors(feed, scores)).argmax(-1)
@@ -286,7 +286,7 @@ class HFEngine:
         pos = position_ids_from_mask(mask)
         out = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True,
                          logits_to_keep=1)  # only the cache is used: no (B, T, V) logits
-        cache = out.past_key_values
+        cache = output_cache(out)
         cache.batch_repeat_interleave(k)
         return cache
 
