@@ -179,11 +179,13 @@ class PPOTrainer:
         self.experience.reference_shares_prefix = reference_shares_prefix
         # fp32 sampling of the fp32-trained actor's own weights: the sampling pass's log-probs are its forward's
         # (up to float rounding), so the old log-probs come from there; not with a shared value head (the actor's
-        # forward runs for the values anyway) or a frozen trunk
+        # forward runs for the values anyway) or a frozen trunk; not under sharded weights, where a LoRA actor's
+        # reference (the adapter-disabled actor, called past the FSDP root) reads the weights the actor's scoring
+        # forward left gathered (tests/distributed/test_sharded.py)
         engine.record_logprobs = self.experience.reuse_sampling_logprobs = (
             cfg.reuse_sampling_logprobs and isinstance(engine, HFEngine) and engine.dtype == torch.float32
             and loop.generation_dtype(cfg.precision) == torch.float32 and not policy.shared_critic
-            and policy.trunk is None)
+            and policy.trunk is None and not self.sharded and sharding.sharded(self.model) is None)
         if resume:
             self._resume()
         elif self.main:  # a fresh run; lines a crashed earlier attempt logged before any checkpoint go
