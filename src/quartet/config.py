@@ -497,8 +497,9 @@ class PPOConfig:
     """the old log-probs (and the entropy statistic) taken from the logits the tokens were sampled from, instead
     of a forward of the actor over the rollout, where that pass computes what the forward would up to float
     rounding: the HF engine sampling fp32 weights of the fp32-trained actor, a separate critic or none (a shared
-    value head needs the actor's forward anyway), no frozen trunk, unsharded weights. TRL's PPOTrainer does the same. SmolLM2
-    separate critic, fp32, 16 x 96 tokens: the actor's ~1.8-s scoring forward gone, |difference| <= 1e-5 nats"""
+    value head needs the actor's forward anyway), no frozen trunk, unsharded weights. TRL's PPOTrainer does the
+    same. SmolLM2 separate critic, fp32, 16 x 96 tokens: old log-probs + values 3.7 -> 1.6 s per iteration (the
+    critic's forward only); recorded log-probs within 1e-5 nats of the actor's forward (tested)"""
     save_every: int = 0
     """checkpoint every N iterations (0 = only at the end)"""
     keep_checkpoints: int = 2
