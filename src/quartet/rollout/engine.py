@@ -16,6 +16,7 @@ from typing import Protocol
 import torch
 import transformers
 
+from quartet.algo.logprobs import logprobs_and_entropy
 from quartet.algo.sampling import inverse_cdf
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import cache_kwarg, contiguous_head_input, no_init, output_cache
@@ -253,12 +254,11 @@ class HFEngine:
                               use_cache=True, logits_to_keep=1)
             cache = output_cache(step)
             scores = step.logits[:, -1].float()
-            logp = torch.log_softmax(scores / self.cfg.temperature, dim=-1) if record else None
             token = (scores if processors is None else processors(feed, scores)).argmax(-1)
             out[rows, t] = token
-            if record:
-                logprobs[rows, t] = logp.gather(1, token[:, None]).squeeze(1)
-                entropy[rows, t] = -(logp.exp() * logp).sum(-1)
+            if record:  # the processors return new scores: these are still the untruncated logits
+                lp, ent = logprobs_and_entropy(scores[:, None], token[:, None], self.cfg.temperature)
+                logprobs[rows, t], entropy[rows, t] = lp[:, 0], ent[:, 0]
             steps = t + 1
             going = ~torch.isin(token, eos)
             if not bool(going.any()):

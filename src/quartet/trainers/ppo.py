@@ -161,7 +161,8 @@ class PPOTrainer:
         engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision),
                              share_weights=not cfg.lora.enabled and not self.sharded)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
-        if sharding.sharded(self.model) is not None:  # sharded by `prepare` itself: whole rows (see _share_prefixes)
+        sharded = self.sharded or sharding.sharded(self.model) is not None  # or sharded by `prepare` itself
+        if sharded:  # whole rows (see _share_prefixes)
             policy.share_prefix = policy.critic_shares_prefix = reference_shares_prefix = False
         groups = [g["params"] for g in self.optimizer.param_groups]
         # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
@@ -177,15 +178,15 @@ class PPOTrainer:
                                           [examples[i].prompt for i in encoded.kept], encoded.input_ids,
                                           self.moments, self.estimator.needs_greedy)
         self.experience.reference_shares_prefix = reference_shares_prefix
-        # fp32 sampling of the fp32-trained actor's own weights: the sampling pass's log-probs are its forward's
-        # (up to float rounding), so the old log-probs come from there; not with a shared value head (the actor's
-        # forward runs for the values anyway) or a frozen trunk; not under sharded weights, where a LoRA actor's
-        # reference (the adapter-disabled actor, called past the FSDP root) reads the weights the actor's scoring
-        # forward left gathered (tests/distributed/test_sharded.py)
+        # fp32 sampling (the engine's dtype is the training precision's, loop.generation_dtype) of the fp32-trained
+        # actor's weights: the sampling pass's log-probs are its forward's (up to float rounding), so the old
+        # log-probs come from there; not with a shared value head (the actor's forward runs for the values anyway)
+        # or a frozen trunk; not under sharded weights, where a LoRA actor's reference (the adapter-disabled actor,
+        # called past the FSDP root) reads the weights the actor's scoring forward left gathered
+        # (tests/distributed/test_sharded.py)
         engine.record_logprobs = self.experience.reuse_sampling_logprobs = (
             cfg.reuse_sampling_logprobs and isinstance(engine, HFEngine) and engine.dtype == torch.float32
-            and loop.generation_dtype(cfg.precision) == torch.float32 and not policy.shared_critic
-            and policy.trunk is None and not self.sharded and sharding.sharded(self.model) is None)
+            and not policy.shared_critic and policy.trunk is None and not sharded)
         if resume:
             self._resume()
         elif self.main:  # a fresh run; lines a crashed earlier attempt logged before any checkpoint go
