@@ -16,6 +16,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainers"))
 
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
+# AdamW in its linear regime (eps 1), so the two runs' weights differ by lr x rounding: tests/equivalence.py
+LINEAR_ADAM = "optim.adam_eps=1"
 
 
 def ppo(out: Path, overrides: list[str]) -> None:
@@ -27,10 +29,12 @@ def ppo(out: Path, overrides: list[str]) -> None:
     args = [f"policy={TINY}", "reward=task:tiny-target", "prompts.path=task:tiny-target/train",
             "prompts.max_prompt_tokens=32", f"output_dir={out.parent / 'run'}", "iterations=2",
             f"rollout_batch_size={16 // world}", f"minibatch_size={8 // world}", f"micro_batch_size={4 // world}",
-            "ppo_epochs=2", "generation.max_new_tokens=8", "optim.lr=1e-2", "precision=fp32",
+            "ppo_epochs=2", "generation.max_new_tokens=8", "optim.lr=1e-2", LINEAR_ADAM, "precision=fp32",
             "critic=shared", "reward_norm=true", "adaptive_kl=true", *overrides]
     cfg = load_config(PPOConfig, overrides=args)
     trainer = PPOTrainer(cfg, progress=False)
+    # the one-process run's starting weights, to check that the steps compared are large against the tolerance
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()} if world == 1 else None
     seen = []
     make = trainer.experience.make
     trainer.experience.make = lambda model, it: seen.append(make(model, it)) or seen[-1]
@@ -47,6 +51,7 @@ def ppo(out: Path, overrides: list[str]) -> None:
             "scores": [e.rollout.scores for e in seen],
             "metrics": [{k: v for k, v in m.items() if not k.startswith(("timing/", "memory/"))} for m in metrics],
             "weights": full if full is not None else {n: p.detach().clone() for n, p in policy.named_parameters()},
+            "start": start,
             "shares_prefix": [policy.share_prefix, policy.critic_shares_prefix,
                               trainer.experience.reference_shares_prefix],
         }, out)
@@ -85,7 +90,7 @@ def _supervised(out: Path, overrides: list[str], stage: str, rows: list[dict]) -
     cfg = load_config(cls, overrides=[
         f"model={TINY}", f"data.path={_rows(out.parent / 'data.jsonl', rows)}", "data.chat_template=false",
         "eval_fraction=0", f"output_dir={out.parent / 'run'}", "max_steps=2", f"batch_size={8 // world}",
-        "grad_accum=2", "optim.lr=1e-2", "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
+        "grad_accum=2", "optim.lr=1e-2", LINEAR_ADAM, "optim.warmup_steps=0", "precision=fp32", "log_every=1", *overrides])
     result = train(cfg)
     if int(os.environ.get("RANK", "0")) == 0:
         _save_weights(out, result.run_dir, f"{stage}/", result.model_dir)

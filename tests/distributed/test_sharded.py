@@ -204,7 +204,7 @@ def test_the_ppo_trainer_on_fsdp2_sharded_weights_equals_one_process(tmp_path):
     """The trainer itself on sharded weights: mp_driver's two GRPO iterations, 2 processes x 8 prompts with the
     policy under FSDP2 (put where accelerate would put DDP), against 1 process x 16 prompts. The second
     iteration samples from the engine synced after the first update: equal samples mean it got full weights."""
-    from test_processes import GRPO, _close_metrics
+    from test_processes import GRPO, PPO_WEIGHTS_ATOL, _assert_weights_close, _close_metrics
 
     out = []
     for n, launcher, args in ((1, [sys.executable], [str(HERE / "mp_driver.py"), "ppo"]),
@@ -223,8 +223,7 @@ def test_the_ppo_trainer_on_fsdp2_sharded_weights_equals_one_process(tmp_path):
         assert torch.equal(a["response_ids"][it], b["response_ids"][it])
         assert torch.allclose(a["advantages"][it], b["advantages"][it], atol=1e-5)
         _close_metrics(a["metrics"][it], b["metrics"][it])
-    for name, w in a["weights"].items():  # b's: gathered from the shards; the tolerance of test_processes.py
-        assert torch.allclose(w, b["weights"][name], atol=1e-4), name
+    _assert_weights_close(a["weights"], b["weights"], PPO_WEIGHTS_ATOL, a["start"])  # b's: gathered from the shards
 
 
 def test_a_whole_sharded_ppo_run_saves_the_gathered_model_and_refuses_what_it_cannot_do(tmp_path):
@@ -266,7 +265,7 @@ def test_a_whole_sharded_ppo_run_saves_the_gathered_model_and_refuses_what_it_ca
 def test_sft_on_fsdp2_sharded_weights_saves_the_model_one_process_trains(tmp_path):
     """mp_driver's two SFT steps (2 processes x 4 rows x 2 micro-batches against 1 x 8 x 2) with the model under
     FSDP2: what it records is the saved model dir, written from the gathered weights."""
-    from test_processes import _close_metrics
+    from test_processes import SUPERVISED_WEIGHTS_ATOL, _assert_weights_close, _close_metrics
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{SRC}{os.pathsep}{HERE.parent / 'trainers'}"}
     out = []
@@ -281,9 +280,7 @@ def test_sft_on_fsdp2_sharded_weights_saves_the_model_one_process_trains(tmp_pat
     assert a["steps"] == b["steps"] == [1, 2]
     for ma, mb in zip(a["metrics"], b["metrics"]):
         _close_metrics(ma, mb)
-    assert set(a["weights"]) == set(b["weights"])
-    for name, w in a["weights"].items():  # the tolerance of test_processes.py's SFT test (measured 1.1e-7)
-        assert torch.allclose(w.float(), b["weights"][name].float(), atol=1e-5), name
+    _assert_weights_close(a["weights"], b["weights"], SUPERVISED_WEIGHTS_ATOL)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
