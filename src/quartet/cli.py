@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 
+from quartet.atomic import write_failure
 from quartet.errors import QuartetError
 
 STAGES = {
@@ -29,10 +30,13 @@ STAGES = {
     "report": ("quartet.monitor.report:cli", "write a self-contained HTML report for a run directory"),
     "doctor": ("quartet.monitor.doctor:cli", "diagnose a run from its metrics: symptoms, causes, fixes"),
     "tasks": ("quartet.tasks:cli", "list the built-in tasks"),
+    "config": ("quartet.config_doc:cli", "every setting of a stage with its default and docstring; --write FILE: a "
+               "commented starter config"),
 }
 
 TRAINING_STAGES = ("sft", "label", "rm", "ppo", "grpo", "rloo", "dpo")
-OVERWRITE_HELP = "write into an output folder that holds other files (only Quartet's own files are replaced)"
+OVERWRITE_HELP = ("write into an output folder that holds other files, beside them (refused if one is at a path the "
+                  "stage writes: a file Quartet did not write is never replaced)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,8 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                            help="what samples the responses: hf (exact, replayable here) or vllm (the vllm extra: "
                                 "one engine for all checkpoints, which must share one architecture)")
+            p.add_argument("--judge-timeout", type=_seconds_or_none, default=argparse.SUPPRESS,
+                           help="seconds one call of a module:function judge may take (default 600; none: no bound)")
             p.add_argument("--out", required=True, help="output directory (eval/eval.json, samples)")
             p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+        elif name == "config":
+            p.add_argument("stage", choices=(*TRAINING_STAGES, "run"), help="the command whose settings to show")
+            p.add_argument("--write", metavar="FILE", help="write a starter YAML: every setting at its default, "
+                                                           "under its docstring")
+            p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
         elif name in ("report", "doctor"):
             p.add_argument("run_dir", help="a run directory (or a pipeline directory of runs)")
     return parser
@@ -114,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         retain_freed_memory()  # every stage: freed memory is kept for the next step, not faulted in again
         return int(func(args) or 0)
     except QuartetError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {capped(str(e))}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk met outside quartet.atomic's writers (which name their output themselves)
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        print(f"error: cannot write {e.filename or 'an output'}: {reason}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: no partial output was kept; a PPO run resumes with --resume", file=sys.stderr)
@@ -124,6 +141,18 @@ def main(argv: list[str] | None = None) -> int:
         leave_process_group()
 
 
+MAX_ERROR_CHARS = 2000
+"""an error line longer than this is cut: a message quoting a hostile value (a huge override, a long row) must
+not flood the terminal, and the place it names comes first"""
+
+
+def capped(message: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``message``, or its first ``limit`` characters and a note of how many were cut."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]} ... [{len(message) - limit} more characters cut]"
+
+
 def leave_process_group() -> None:
     """End this process's part in a multi-process run (`accelerate launch`): the stages of one command share the
     process group, so it is left once, when the command ends. A process that exited still in it could abort in
@@ -131,6 +160,16 @@ def leave_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """--judge-timeout: a number of seconds, or "none" for no bound (the range is checked with the other settings)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds or none, got {text!r}") from None
 
 
 def _terminate(signum, frame):

@@ -24,6 +24,7 @@ import yaml
 from quartet.algo.estimators import ESTIMATORS
 from quartet.atomic import atomic_write_text
 from quartet.errors import ConfigError
+from quartet.judges.bounded import JUDGE_TIMEOUT
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -79,11 +80,15 @@ class DataConfig:
     """long prompts: keep their last tokens ("left") or drop the row ("drop"); counts are reported"""
     chat_template: bool = True
     """wrap prompts in the tokenizer's chat template when it has one"""
+    max_line_mb: float = 16.0
+    """longest line a JSONL or CSV file may have, in MB: a longer one is refused before it is read whole (a file
+    that is not line data, or a runaway row); raise it for rows this long"""
 
     def validate(self, where: str) -> None:
         if self.limit is not None:
             _positive(self.limit, f"{where}.limit")
         _positive(self.max_prompt_tokens, f"{where}.max_prompt_tokens")
+        _positive(self.max_line_mb, f"{where}.max_line_mb")
         for key, name in self.columns.items():
             if not isinstance(name, str) or not name:
                 raise ConfigError(f"{where}.columns.{key}: must be a column name (text), got {name!r}")
@@ -234,6 +239,9 @@ class LabelConfig:
     judge: str = "task:positive-review"
     """reward function: `task:<name>` (its gold judge), `task:<name>/<judge>` (e.g. positive-review/on-task),
     `judge:<name>`, `module:function`, a gate/sum/min of these (quartet.judges), or a reward-model dir"""
+    judge_timeout: float | None = JUDGE_TIMEOUT
+    """seconds one call of a user's `module:function` judge may take before the stage stops with an error naming
+    it; null = no bound, the function called on the main thread (quartet.judges.bounded)"""
     num_samples: int = 4
     """K answers per prompt"""
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
@@ -254,6 +262,8 @@ class LabelConfig:
         if self.num_samples < 2:
             raise ConfigError(f"{where}.num_samples: must be >= 2 to form a pair, got {self.num_samples}")
         _non_negative(self.min_gap, f"{where}.min_gap")
+        if self.judge_timeout is not None:
+            _positive(self.judge_timeout, f"{where}.judge_timeout")
 
 
 @dataclass
@@ -385,6 +395,18 @@ class DPOConfig:
             raise ConfigError(f"{where}.label_smoothing: applies to loss sigmoid or simpo, not {self.loss!r}")
 
 
+PPO_METRICS = (
+    "objective/score", "objective/reward", "objective/non_score_reward", "objective/kl", "objective/kl_coef",
+    "policy/loss", "policy/entropy", "policy/clipfrac", "policy/approx_kl", "policy/ratio", "policy/advantage_std",
+    "rollout/length_mean", "rollout/length_max", "rollout/eos_rate", "rollout/distinct_1", "rollout/distinct_2",
+    "rollout/repetition", "optim/lr", "optim/grad_norm", "optim/skipped_steps", "optim/actor_frozen",
+    "timing/generate", "timing/score", "timing/forward", "timing/reference", "timing/update", "timing/total",
+    "memory/peak_rss_mb",
+)
+"""the metric keys every PPO-family iteration logs whatever the config (`PPOConfig.logged_metrics` adds the rest;
+tests/trainers/test_reliability.py holds both to what the trainer writes)"""
+
+
 @dataclass
 class PPOConfig:
     policy: str = "smollm2-135m-instruct"
@@ -400,6 +422,10 @@ class PPOConfig:
     monitor_judges: dict = field(default_factory=dict)
     """more judges logged every iteration as rollout/<name>, never optimised, e.g.
     {relevance: task:positive-review/relevance} (the on-task signal the off_task_drift rule reads)"""
+    judge_timeout: float | None = JUDGE_TIMEOUT
+    """seconds one call of a user's `module:function` (reward, gold or monitor judge) may take before the run
+    stops with an error naming it (its newest checkpoint resumes with --resume); null = no bound, the function
+    called on the main thread (quartet.judges.bounded)"""
     advantage: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"] = "gae"
     """credit assignment (quartet.algo.ESTIMATORS): gae = critic + GAE per token (PPO); grpo / dr_grpo / rloo =
     group baselines over `samples_per_prompt` samples; reinforce_pp(_baseline) = whitened returns-to-go;
@@ -507,7 +533,7 @@ class PPOConfig:
     stop_on: list = field(default_factory=list)
     """doctor rule names that end the run cleanly when they fire"""
     best_metric: str = "objective/score"
-    """metric that picks the best checkpoint kept when a run is stopped"""
+    """metric that picks the best checkpoint kept when a run is stopped (highest wins); one of `logged_metrics`"""
     seed: int = 0
     """everything random is seeded from this"""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -561,6 +587,11 @@ class PPOConfig:
                 raise ConfigError(f"{where}.monitor_judges: name {name!r} must be an identifier (it becomes rollout/<name>)")
             if not isinstance(spec, str) or not spec:
                 raise ConfigError(f"{where}.monitor_judges.{name}: must be a judge spec string, got {spec!r}")
+        if self.best_metric not in self.logged_metrics:  # else no iteration would ever count as the best
+            raise ConfigError(f"{where}.best_metric: {self.best_metric!r} is not a metric this run logs (choose from "
+                              f"{', '.join(sorted(self.logged_metrics))})")
+        if self.judge_timeout is not None:
+            _positive(self.judge_timeout, f"{where}.judge_timeout")
         if self.missing_eos_penalty is not None:
             _non_negative(self.missing_eos_penalty, f"{where}.missing_eos_penalty")
         if self.reward_clip is not None:
@@ -608,6 +639,26 @@ class PPOConfig:
     def whiten(self) -> bool:
         """whiten advantages, with the estimator's default filled in"""
         return ESTIMATORS[self.advantage].whiten if self.whiten_advantages is None else self.whiten_advantages
+
+    @property
+    def logged_metrics(self) -> tuple[str, ...]:
+        """the metric keys every iteration of this run logs (docs/CONTRACTS.md names them), on one process; under
+        N processes timing/gather as well"""
+        keys = list(PPO_METRICS)
+        if self.critic_kind != "none":
+            keys += ["value/loss", "value/clipfrac", "value/explained_variance"]
+        if self.critic_kind == "separate":  # each role's gradient is clipped by its own norm
+            keys += ["policy/grad_norm", "value/grad_norm"]
+        if not self.kl_in_reward:
+            keys.append("policy/kl_loss")
+        if self.gold is not None:
+            keys.append("objective/gold")
+        keys += [f"rollout/{name}" for name in self.monitor_judges]
+        if self.generation.engine == "vllm":  # the engine's own log-probs, compared with the trainer's
+            keys += ["rollout/logprob_diff_mean", "rollout/logprob_diff_max"]
+            if self.tis_cap is not None:
+                keys += ["policy/tis_weight", "policy/tis_capped"]
+        return tuple(keys)
 
 
 # `quartet grpo` and `quartet rloo`: the PPO trainer with the defaults of their papers (CPU-sized groups)
@@ -768,6 +819,76 @@ def _one_line(e: BaseException) -> str:
     return text[0][:200] if text else type(e).__name__
 
 
+MAX_ALIAS_NODES = 10_000
+"""how many nodes YAML aliases may add to a document when expanded: an anchor reused a few times adds tens to
+hundreds; a "billion laughs" document, aliases of aliases of aliases, adds billions from a few lines"""
+
+
+class AliasBombError(yaml.composer.ComposerError):
+    """A YAML document whose aliases expand past MAX_ALIAS_NODES, or refer to themselves."""
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that counts the nodes each alias stands for and stops past MAX_ALIAS_NODES.
+
+    PyYAML shares one object per anchor, so a bomb loads fast, but the first thing that copies or prints the
+    value (a config check, `asdict`, an error message showing it) expands it: minutes, or a 254 MB error line.
+    An alias to a node still being read (a recursive structure) is refused too: no config needs one.
+    """
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._alias_nodes = 0
+        self._sizes: dict[int, int] = {}
+        self._open: set[str] = set()
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open:
+                raise AliasBombError(None, None, f"alias *{event.anchor} refers to the node it is in",
+                                     event.start_mark)
+            if event.anchor in self.anchors:
+                self._alias_nodes += self._size(self.anchors[event.anchor])
+                if self._alias_nodes > MAX_ALIAS_NODES:
+                    raise AliasBombError(None, None, f"aliases expand to more than {MAX_ALIAS_NODES} nodes "
+                                         f"(a \"billion laughs\" document?)", event.start_mark)
+            return super().compose_node(parent, index)
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None and isinstance(event, yaml.CollectionStartEvent):
+            self._open.add(anchor)
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open.discard(anchor)
+
+    def _size(self, node) -> int:
+        """Nodes in ``node`` with every alias under it expanded (memoised: an alias is a node seen before)."""
+        sizes, stack = self._sizes, [(node, False)]
+        while stack:
+            n, children_done = stack.pop()
+            if id(n) in sizes:
+                continue
+            children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else \
+                n.value if isinstance(n, yaml.SequenceNode) else []
+            if children_done:
+                sizes[id(n)] = 1 + sum(sizes[id(c)] for c in children)
+            else:
+                stack.append((n, True))
+                stack.extend((c, False) for c in children if id(c) not in sizes)
+        return sizes[id(node)]
+
+
+def load_yaml(text: str):
+    """The one YAML parser of user input (config files, overrides, pipeline.yaml, a run's config.yaml): safe
+    tags only, aliases bounded (`BoundedLoader`)."""
+    loader = BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
     """Apply ``a.b.c=value`` strings (value parsed as YAML) onto a nested mapping."""
     for item in overrides:
@@ -775,7 +896,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"override '{item}': expected key=value")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = load_yaml(raw) if raw != "" else ""
+        except AliasBombError as e:  # not a string either: refused, as the same text in a file is
+            raise ConfigError(f"override '{key}': {e.problem}") from None
         except (yaml.YAMLError, ValueError, RecursionError):  # ValueError: e.g. a date with month 13
             value = raw
         node = data
@@ -801,10 +924,10 @@ def merge(base: dict, top: dict) -> dict:
 
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+    if not path.is_file():  # a FIFO or a device is refused too: reading it could wait or go on forever
+        raise ConfigError(f"{path}: {'not a regular file' if path.exists() else 'config file not found'}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         loc = f":{mark.line + 1}" if mark is not None else ""
@@ -849,4 +972,9 @@ def validate(cfg, where: str | None = None) -> None:
 
 
 def save_config(cfg, path: str | Path) -> Path:
-    return atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return atomic_write_text(path, config_text(cfg))
+
+
+def config_text(cfg) -> str:
+    """The YAML `save_config` writes (for a stage that writes its config together with other files)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -22,3 +22,12 @@ class DataError(QuartetError):
 
 class ModelError(QuartetError):
     """A model name, directory, GGUF file or tokenizer that cannot be used."""
+
+
+class OutputError(QuartetError):
+    """An output that could not be written (disk full, over quota, a read-only or refusing filesystem). `path` is
+    the output it names; what was there before is unchanged (quartet.atomic writes nothing in place)."""
+
+    def __init__(self, path, reason: str):
+        self.path, self.reason = str(path), reason
+        super().__init__(f"cannot write {self.path}: {reason}; what was there before is unchanged")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +48,11 @@ class EvalStageConfig:
     num_prompts: int | None = 64
     """use the first N eval prompts"""
     max_new_tokens: int = 48
+    """response length limit of the evaluation's samples"""
     temperature: float = 0.7
     """sampling temperature of the evaluation (fixed seed, same for every checkpoint)"""
     seed: int = 0
+    """sampling seed of the evaluation (each prompt's samples are seeded from it, the same for every checkpoint)"""
     batch_size: int = 16
     """prompts decoded together (CPU decoding is memory-bound: a larger batch costs little more per step)"""
     engine: str = "hf"
@@ -77,17 +80,26 @@ class PipelineConfig:
     """which stages run; a stage left out must have its output named explicitly where it is used.
     `dpo` replaces `rm` + `ppo` (or runs beside them); eval compares every policy stage that ran with SFT"""
     sft: SFTConfig = field(default_factory=SFTConfig)
+    """the sft stage's settings (`quartet sft`'s); its data and output_dir follow task and output_dir"""
     label: LabelConfig = field(default_factory=LabelConfig)
+    """the label stage's settings (`quartet label`'s); its policy is the SFT model"""
     rm: RewardConfig = field(default_factory=RewardConfig)
+    """the reward-model stage's settings (`quartet rm`'s); it trains on the label stage's pairs"""
     ppo: PPOConfig = field(default_factory=PPOConfig)
+    """the ppo stage's settings, at `quartet ppo`'s defaults: for GRPO or RLOO set the fields of their preset
+    (`quartet config grpo` shows them)"""
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    """the dpo stage's settings (`quartet dpo`'s); it trains on the label stage's pairs"""
     eval: EvalStageConfig = field(default_factory=EvalStageConfig)
+    """the evaluation that compares every policy stage that ran with the SFT model"""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """trackers for every stage (a stage's own `tracking` replaces it); run_name defaults to output_dir's name,
     each stage's run is `<run_name>-<stage>` in group `<run_name>`, and a `<run_name>` run holds the resolved
     config, the eval table and the report"""
 
     def validate(self, where: str = "pipeline") -> None:
+        if not self.stages:
+            raise ConfigError(f"{where}.stages: names no stage; list at least one of {', '.join(STAGE_ORDER)}")
         unknown = [s for s in self.stages if s not in STAGE_ORDER]
         if unknown:
             raise ConfigError(f"{where}.stages: unknown stage '{unknown[0]}' (stages: {', '.join(STAGE_ORDER)})")
@@ -204,6 +216,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
     from quartet.models import resolve_model
     from quartet.rollout.scoring import check_reward_spec
 
+    check_output_dir(cfg.output_dir, "pipeline", overwritable=False)  # the folder around the stages' first
     made: set[str] = set()  # outputs of the stages that run before the one being checked
 
     def check(where: str, fn, value) -> None:
@@ -251,9 +264,9 @@ def check_inputs(cfg: PipelineConfig) -> None:
 
             check_outputs(Path(sub.output))
         elif stage == "eval":
-            check_output_dir(Path(cfg.output_dir) / "eval", "eval", key="out")
+            check_output_dir(Path(cfg.output_dir) / "eval", "eval", key="out", overwritable=False)
         else:
-            check_output_dir(sub.output_dir, stage)
+            check_output_dir(sub.output_dir, stage, overwritable=False)
         if stage == "label":
             from quartet.trainers.label import samples_path
 
@@ -265,10 +278,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
 def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
     """Run the configured stages in order; returns {stage: seconds} (0.0 for reused stages)."""
     check_inputs(cfg)
-    out = check_output_dir(cfg.output_dir, "pipeline")  # a user's folder is never written into
-    out.mkdir(parents=True, exist_ok=True)
-    write_marker(out, "pipeline")
-    save_config(cfg, out / "pipeline.yaml")
+    out = check_output_dir(cfg.output_dir, "pipeline", overwritable=False)  # a user's folder is never written into
     times: dict[str, float] = {}
     with PipelineTracking(cfg.tracking, out, params=cfg) as tracking:
         for stage in STAGE_ORDER:
@@ -278,12 +288,22 @@ def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
             print(f"\n== {stage} ==", flush=True)
             ran = _run_stage(stage, cfg, force)
             times[stage] = time.perf_counter() - t if ran else 0.0
-            if not ran:
+            if ran:
+                _mark(cfg, out)  # a stage of this call has its result: the folder is this call's run
+            else:
                 print(f"{stage}: output exists, reused (pass --force to redo)")
+        _mark(cfg, out)
         report = write_report(out)
         files = [report, out / "summary.md", out / "pipeline.yaml", out / "eval" / "eval.json"]
         tracking.attach(files, eval_table(out / "eval" / "eval.json"))
     return times
+
+
+def _mark(cfg: PipelineConfig, out: Path) -> None:
+    """The marker and this call's pipeline.yaml, written once a stage of the call has its result (or every stage
+    was reused), not before: a call that fails in its first stage leaves the folder as it was, or absent."""
+    write_marker(out, "pipeline")
+    save_config(cfg, out / "pipeline.yaml")
 
 
 def eval_table(path: Path):
@@ -326,11 +346,26 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
         from quartet.trainers.ppo import train_ppo
 
         ppo_dir = Path(cfg.ppo.output_dir)
-        if force and ppo_dir.exists():
-            import shutil
+        if not (force and ppo_dir.exists()):
+            train_ppo(cfg.ppo, resume=(ppo_dir / "checkpoints").is_dir())
+            return True
+        # --force: a new run in place of the old one (PPO keeps its checkpoints in place, so it cannot be written
+        # beside it). The old one is moved aside, and put back if the new one fails before it has a checkpoint to
+        # resume from; deleted once the new one has finished (or has one)
+        from quartet.trainers.checkpoint import list_checkpoints
 
-            shutil.rmtree(ppo_dir)
-        train_ppo(cfg.ppo, resume=(ppo_dir / "checkpoints").is_dir())
+        aside = ppo_dir.with_name(f".{ppo_dir.name}.old-{os.getpid()}")
+        os.replace(ppo_dir, aside)
+        try:
+            train_ppo(cfg.ppo)
+        except BaseException:
+            if not list_checkpoints(ppo_dir):
+                shutil.rmtree(ppo_dir, ignore_errors=True)
+                os.replace(aside, ppo_dir)
+            raise
+        finally:
+            if aside.exists():
+                shutil.rmtree(aside, ignore_errors=True)
     elif stage == "dpo":
         if _done(Path(cfg.dpo.output_dir) / "model") and not force:
             return False

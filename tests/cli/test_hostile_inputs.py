@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from quartet.outputs import MARKER, WRITES
+
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=300"
 SFT_ROWS = '{"prompt": "ab", "completion": "aa"}\n{"prompt": "cd", "completion": "a1"}\n'
 PAIRS = '{"prompt": "ab", "chosen": "aa", "rejected": "bb"}\n{"prompt": "cd", "chosen": "a1", "rejected": "zz"}\n'
@@ -32,10 +34,18 @@ LABEL = ["label", f"policy={TINY}", "prompts.path=task:tiny-target/train", "outp
 EVAL = ["--prompts", "task:tiny-target/eval", "--num-prompts", "2", "--max-new-tokens", "4", "--out", "out"]
 
 
-def model(kind: str, damage: str | None = None) -> dict:
+def model(kind: str, damage: str | dict | None = None) -> dict:
     """A model dir to copy in: kind "lm" (a saved tiny causal LM) or "rm" (a saved tiny reward model);
-    damage "truncate" (model.safetensors cut in half) or "config" (config.json that is not JSON)."""
+    damage "truncate" (model.safetensors cut in half), "config" (config.json that is not JSON), or an edit of one
+    file: {"file": name, "text": new content} or {"file": name, "set": {key: value}} (JSON keys replaced)."""
     return {"model": kind, "damage": damage}
+
+
+# a "billion laughs": nine aliases of nine aliases ... of a string, 9^9 strings once expanded
+BOMB = {"a": '["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]',
+        **{n: "[" + ", ".join([f"*{p}"] * 9) + "]" for p, n in zip("abcdefgh", "bcdefghi")}}
+BOMB_YAML = "".join(f"{k}: &{k} {v}\n" for k, v in BOMB.items())
+BOMB_FLOW = "{" + ", ".join(f"{k}: &{k} {v}" for k, v in BOMB.items()) + "}"
 
 
 @dataclass
@@ -45,7 +55,7 @@ class Case:
     error: list[str]
     """substrings of the one `error:` line (rc 2), or of stderr's note (rc 0)"""
     files: dict = field(default_factory=dict)
-    """relative path -> text, or model(...)"""
+    """relative path -> text, model(...) or link(...)"""
     rc: int = 2
     writes: list[str] = field(default_factory=list)
     """files the command may create (a report); everything else must be untouched"""
@@ -79,6 +89,10 @@ CASES = [
     Case("ppo-critic-warmup-no-critic", [*PPO, "advantage=rloo", "samples_per_prompt=2", "critic_warmup=2"],
          ["ppo.critic_warmup: 2 iterations of critic-only training, but this run has no critic"]),
     Case("ppo-reward-clip-zero", [*PPO, "reward_clip=0"], ["ppo.reward_clip: must be > 0, got 0.0"]),
+    Case("ppo-judge-timeout-zero", [*PPO, "judge_timeout=0"], ["ppo.judge_timeout: must be > 0, got 0.0"]),
+    Case("label-judge-timeout-inf", [*LABEL, "judge_timeout=.inf"], ["judge_timeout: must be a finite number, got inf"]),
+    Case("eval-judge-timeout-negative", ["eval", TINY, *EVAL, "--judge-timeout", "-1"],
+         ["judge_timeout: must be > 0, got -1.0"]),
     Case("eval-temperature-nan", ["eval", TINY, *EVAL, "--temperature", "nan"],
          ["temperature: must be a finite number, got nan"]),
     Case("eval-num-prompts-zero", ["eval", TINY, *EVAL, "--num-prompts", "0"], ["num_prompts: must be > 0, got 0"]),
@@ -209,7 +223,199 @@ CASES = [
     Case("run-into-users-folder", ["run", "p.yaml", "output_dir=."],
          ["pipeline.output_dir: '.' is the current directory"],
          {"p.yaml": PIPELINE, "pipeline.yaml": "my own notes\n", "sft.jsonl": SFT_ROWS}),
+    # ---- YAML: aliases bounded in files and overrides alike; error lines capped
+    Case("sft-yaml-alias-bomb", ["sft", "-c", "bomb.yaml"],
+         ["bomb.yaml:5: not valid YAML", "aliases expand to more than 10000 nodes"], {"bomb.yaml": BOMB_YAML},
+         subprocess=True),
+    Case("sft-override-alias-bomb", ["sft", f"seed={BOMB_FLOW}"],
+         ["override 'seed': aliases expand to more than 10000 nodes"], subprocess=True),
+    Case("run-yaml-alias-bomb", ["run", "pipe.yaml"], ["pipe.yaml:5: not valid YAML", "aliases expand"],
+         {"pipe.yaml": BOMB_YAML}),
+    Case("sft-yaml-recursive-alias", ["sft", "-c", "loop.yaml"], ["alias *a refers to the node it is in"],
+         {"loop.yaml": "data: &a {columns: *a}\n"}),
+    Case("sft-error-line-capped", ["sft", "seed=[" + "1, " * 2000 + "]"],
+         ["seed: must be an integer, got [1, 1, ", "1, 1 ... [4030 more characters cut]"]),
+    # ---- data reading bounded (FIFOs and devices: test_a_data_path_that_never_ends_is_refused below)
+    Case("sft-max-line-mb-zero", ["sft", "data.max_line_mb=0"], ["data.max_line_mb: must be > 0, got 0"]),
+    Case("sft-data-line-too-long", ["sft", f"model={TINY}", "data.path=sft.jsonl", "data.max_line_mb=0.0001",
+                                    "output_dir=out"],
+         ["sft.jsonl row 2: line longer than the 0.0001 MB limit (max_line_mb)"],
+         {"sft.jsonl": SFT_ROWS.replace('"cd"', '"' + "c" * 500 + '"')}),
+    Case("dpo-data-nested-too-deep", ["dpo", f"policy={TINY}", "data.path=pairs.jsonl", "output_dir=out"],
+         ["pairs.jsonl row 3: lists and objects nested more than 64 levels deep"],
+         {"pairs.jsonl": PAIRS + '{"prompt": "ab", "chosen": ' + "[" * 5000 + "]" * 5000 + ', "rejected": "x"}\n'}),
+    # ---- a malformed tokenizer or config.json in a model dir: one line naming the file
+    Case("sft-model-tokenizer-not-json", ["sft", "model=lm", "data.path=sft.jsonl"],
+         ["lm/tokenizer.json: not readable JSON"],
+         {"lm": model("lm", {"file": "tokenizer.json", "text": "{oops"}), "sft.jsonl": SFT_ROWS}, subprocess=True),
+    Case("sft-model-tokenizer-wrong-shape", ["sft", "model=lm", "data.path=sft.jsonl"],
+         ["lm/tokenizer.json: not a tokenizer the tokenizers library can read"],
+         {"lm": model("lm", {"file": "tokenizer.json", "text": '{"model": 5}'}), "sft.jsonl": SFT_ROWS}),
+    Case("eval-model-tokenizer-a-list", ["eval", "lm", *EVAL], ["lm/tokenizer.json: expected a JSON object, got list"],
+         {"lm": model("lm", {"file": "tokenizer.json", "text": "[1, 2]"})}),
+    Case("label-model-tokenizer-config-a-list", [*LABEL, "policy=lm"],
+         ["lm/tokenizer_config.json: expected a JSON object, got list"],
+         {"lm": model("lm", {"file": "tokenizer_config.json", "text": "[]"})}),
+    Case("sft-model-hidden-size-text", ["sft", "model=lm", "data.path=sft.jsonl"],
+         ["lm/config.json: hidden_size must be a whole number > 0, got 'big'"],
+         {"lm": model("lm", {"file": "config.json", "set": {"hidden_size": "big"}}), "sft.jsonl": SFT_ROWS}),
+    Case("sft-model-layers-negative", ["sft", "model=lm", "data.path=sft.jsonl"],
+         ["lm/config.json: num_hidden_layers must be a whole number > 0, got -1"],
+         {"lm": model("lm", {"file": "config.json", "set": {"num_hidden_layers": -1}}), "sft.jsonl": SFT_ROWS}),
+    Case("dpo-model-heads-a-list", ["dpo", "policy=lm", "data.path=pairs.jsonl", "output_dir=out"],
+         ["lm/config.json: num_attention_heads must be a whole number > 0, got [4]"],
+         {"lm": model("lm", {"file": "config.json", "set": {"num_attention_heads": [4]}}), "pairs.jsonl": PAIRS}),
+    Case("ppo-model-norm-eps-text", [*PPO, "policy=lm"], ["lm/config.json: not usable", "rms_norm_eps", "got str"],
+         {"lm": model("lm", {"file": "config.json", "set": {"rms_norm_eps": "tiny"}})}),
+    Case("ppo-reward-rm-tokenizer-wrong-shape", [*PPO, "reward=rm"],
+         ["rm/tokenizer.json: not a tokenizer the tokenizers library can read"],
+         {"rm": model("rm", {"file": "tokenizer.json", "text": "{}"})}),
+    Case("run-model-layers-negative", ["run", "pipe.yaml", "sft.model=lm"],
+         ["sft.model: lm/config.json: num_hidden_layers must be a whole number > 0, got -1"],
+         {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS,
+          "lm": model("lm", {"file": "config.json", "set": {"num_hidden_layers": -1}})}),
+    # ---- PPO's best_metric names a metric the run logs
+    Case("ppo-best-metric-unknown", [*PPO, "best_metric=objective/scor"],
+         ["ppo.best_metric: 'objective/scor' is not a metric this run logs", "objective/score, optim/"]),
+    Case("ppo-best-metric-gold-without-gold", [*PPO, "best_metric=objective/gold"],
+         ["ppo.best_metric: 'objective/gold' is not a metric this run logs"]),
 ]
+
+# ---------------------------------------------------------------------------- where and how a stage writes
+def link(target: str) -> dict:
+    """A symbolic link to `target` (relative to the link's folder; it need not exist)."""
+    return {"link": target}
+
+
+FOLDERS = {"tb", "model", "checkpoints", "best", "critic", "wandb", "plots", "sft", "label", "rm", "ppo", "dpo", "eval"}
+
+
+def users_files(stage: str, root: str = "out") -> dict:
+    """A file of the user's at every path `stage` writes in `root` (quartet.outputs.WRITES; where the stage writes a
+    folder, a folder of the user's holding one)."""
+    return {f"{root}/{n}/mine.txt" if n in FOLDERS else f"{root}/{n}": f"the user's {n}\n" for n in WRITES[stage]}
+
+
+def earlier_run(stage: str, root: str = "out") -> dict:
+    """The files of an earlier run of `stage` in `root`, as a failed run over it must leave them."""
+    files = {f"{root}/{MARKER}": json.dumps({"stage": stage}) + "\n", f"{root}/config.yaml": "seed: 0\n",
+             f"{root}/metrics.jsonl": json.dumps({"stage": stage, "step": 1}) + "\n", f"{root}/summary.md": "# run\n"}
+    if stage in ("sft", "rm", "dpo", "ppo"):
+        files[f"{root}/model"] = model("rm" if stage == "rm" else "lm")
+    if stage == "ppo":  # lines a fresh run over it would drop (the records after iteration 0)
+        files[f"{root}/samples.jsonl"] = json.dumps({"stage": "ppo", "step": 1, "completion": "x"}) + "\n"
+    return files
+
+
+def failing_reward(module: str, body: str = "raise RuntimeError('boom')") -> dict:
+    """A `module:score` reward (or judge) that fails on its first call; each case its own module name."""
+    return {f"{module}.py": f"def score(prompts, responses):\n    {body}\n"}
+
+
+SFT = ["sft", f"model={TINY}", "data.path=sft.jsonl", "output_dir=out"]
+RM = ["rm", f"model={TINY}", "data.path=pairs.jsonl", "output_dir=out"]
+DPO = ["dpo", f"policy={TINY}", "data.path=pairs.jsonl", "output_dir=out"]
+SMALL_PPO = ["rollout_batch_size=4", "minibatch_size=4", "micro_batch_size=4", "generation.max_new_tokens=4",
+             "generation.batch_size=4"]
+DIVERGES = ["max_steps=3", "optim.lr=1e30"]  # the loss is not finite by the last step: an error inside the run
+INPUTS = {"sft": {"sft.jsonl": SFT_ROWS}, "rm": {"pairs.jsonl": PAIRS}, "dpo": {"pairs.jsonl": PAIRS}, "ppo": {},
+          "eval": {}}
+STAGE_ARGV = {"sft": SFT, "rm": RM, "dpo": DPO, "ppo": PPO, "eval": ["eval", TINY, *EVAL]}
+LABEL_FILES = ("jsonl", "samples.jsonl", "config.yaml", "summary.md")
+LABEL_RUN = {**{f"out/pairs.{s}": "{}\n" for s in LABEL_FILES},
+             "out/pairs.config.yaml": "policy: x\nprompts: {path: p.jsonl}\njudge: task:tiny-target\noutput: out/pairs.jsonl\n"}
+PIPELINE_RUN = {"out/.quartet-run": '{"stage": "pipeline"}\n', "out/pipeline.yaml": PIPELINE,
+                **earlier_run("ppo", "out/ppo")}
+
+OUTPUT_CASES = [
+    # ---- --overwrite writes beside a user's files, never over one: a file of theirs at any path the stage writes
+    #      is refused, the first named (quartet.outputs.WRITES order), and nothing is touched
+    *[Case(f"{stage}-overwrite-onto-users-files", [*STAGE_ARGV[stage], "--overwrite"],
+           [f"{stage}.{'out' if stage == 'eval' else 'output_dir'}: out already holds files that are not a Quartet run",
+            f"out/{MARKER} is a path the {stage} stage writes", "--overwrite writes beside what a folder holds"],
+           {**INPUTS[stage], **users_files(stage)}, subprocess=stage == "sft") for stage in STAGE_ARGV],
+    Case("label-overwrite-onto-users-files", [*LABEL, "--overwrite"],
+         ["label.output: out/pairs.jsonl exists and was not written by Quartet"],
+         {f"out/pairs.{s}": "the user's\n" for s in LABEL_FILES}),
+    Case("label-users-summary-beside-the-pairs", [*LABEL, "--overwrite"],
+         ["label.output (its summary): out/pairs.summary.md exists and was not written by Quartet"],
+         {"out/pairs.summary.md": "the user's\n"}),
+    Case("run-onto-users-files", ["run", "p.yaml"],
+         ["pipeline.output_dir: out already holds files that are not a Quartet run; choose a new folder"],
+         {"p.yaml": PIPELINE, "sft.jsonl": SFT_ROWS, **users_files("pipeline")}),
+    # ---- an output that is a symbolic link, or under /sys or /proc: one line before any work
+    Case("sft-output-is-a-link", [*SFT, "output_dir=link"],
+         ["sft.output_dir: link is a symbolic link (to ", "real); name that path itself"],
+         {"sft.jsonl": SFT_ROWS, "real/.keep": "", "link": link("real")}, subprocess=True),
+    Case("rm-output-is-a-dangling-link", [*RM, "output_dir=link"], ["rm.output_dir: link is a symbolic link"],
+         {"pairs.jsonl": PAIRS, "link": link("nowhere")}),
+    Case("dpo-output-is-a-link", [*DPO, "output_dir=link"], ["dpo.output_dir: link is a symbolic link"],
+         {"pairs.jsonl": PAIRS, "real/.keep": "", "link": link("real")}),
+    Case("ppo-output-is-a-link", [*PPO, "output_dir=link"], ["ppo.output_dir: link is a symbolic link"],
+         {"real/.keep": "", "link": link("real")}),
+    Case("eval-out-is-a-link", ["eval", TINY, *EVAL, "--out", "link"], ["eval.out: link is a symbolic link"],
+         {"real/.keep": "", "link": link("real")}),
+    Case("label-output-is-a-link", [*LABEL, "output=link.jsonl"], ["label.output: link.jsonl is a symbolic link"],
+         {"real.jsonl": "{}\n", "link.jsonl": link("real.jsonl")}),
+    Case("run-output-is-a-link", ["run", "p.yaml", "output_dir=link"], ["pipeline.output_dir: link is a symbolic link"],
+         {"p.yaml": PIPELINE, "sft.jsonl": SFT_ROWS, "real/.keep": "", "link": link("real")}),
+    Case("sft-output-under-sys", [*SFT, "output_dir=/sys/quartet-out"],
+         ["sft.output_dir: cannot write /sys/quartet-out: /sys is not writable"], {"sft.jsonl": SFT_ROWS},
+         subprocess=True),
+    Case("rm-output-under-proc", [*RM, "output_dir=/proc/quartet-out"],
+         ["rm.output_dir: cannot write /proc/quartet-out: /proc is not writable"], {"pairs.jsonl": PAIRS}),
+    Case("dpo-output-in-sysfs", [*DPO, "output_dir=/sys/kernel/quartet"],
+         ["dpo.output_dir: cannot write /sys/kernel/quartet: /sys/kernel is not writable"], {"pairs.jsonl": PAIRS}),
+    Case("ppo-output-under-sys", [*PPO, "output_dir=/sys/quartet/run"],
+         ["ppo.output_dir: cannot write /sys/quartet/run: /sys is not writable"]),
+    Case("eval-out-under-proc", ["eval", TINY, *EVAL, "--out", "/proc/quartet-out"],
+         ["eval.out: cannot write /proc/quartet-out: /proc is not writable"]),
+    Case("label-output-under-proc", [*LABEL, "output=/proc/quartet/pairs.jsonl"],
+         ["label.output: cannot write /proc/quartet/pairs.jsonl: /proc is not writable"]),
+    Case("run-output-under-sys", ["run", "p.yaml", "output_dir=/sys/quartet-out"],
+         ["pipeline.output_dir: cannot write /sys/quartet-out: /sys is not writable"],
+         {"p.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),
+    # ---- a stage that fails before its first result leaves nothing (no folder, marker, config, metrics, tb/) ...
+    Case("ppo-reward-raises-on-its-first-call", [*PPO, *SMALL_PPO, "reward=hostile_first_raise:score"],
+         ["reward 'hostile_first_raise:score'", "boom"], failing_reward("hostile_first_raise"), subprocess=True),
+    Case("ppo-reward-returns-too-few", [*PPO, *SMALL_PPO, "reward=hostile_first_short:score"],
+         ["reward 'hostile_first_short:score'"], failing_reward("hostile_first_short", "return [0.0]")),
+    Case("ppo-reward-returns-nan", [*PPO, *SMALL_PPO, "reward=hostile_first_nan:score"],
+         ["reward 'hostile_first_nan:score'"], failing_reward("hostile_first_nan", "return [float('nan')] * len(responses)")),
+    Case("ppo-reward-returns-none", [*PPO, *SMALL_PPO, "reward=hostile_first_none:score"],
+         ["reward 'hostile_first_none:score'"], failing_reward("hostile_first_none", "return None")),
+    Case("label-judge-raises-on-its-first-call", [*LABEL, "judge=hostile_first_judge:score"],
+         ["reward 'hostile_first_judge:score'", "boom"], failing_reward("hostile_first_judge")),
+    Case("eval-judge-raises-on-its-first-call", ["eval", TINY, *EVAL, "--relevance", "hostile_first_eval:score"],
+         ["reward 'hostile_first_eval:score'", "boom"], failing_reward("hostile_first_eval")),
+    Case("sft-loss-not-finite", [*SFT, *DIVERGES], ["SFT loss became non-finite"], {"sft.jsonl": SFT_ROWS}),
+    Case("rm-loss-not-finite", [*RM, *DIVERGES], ["reward-model loss became non-finite"], {"pairs.jsonl": PAIRS}),
+    Case("dpo-loss-not-finite", [*DPO, *DIVERGES], ["DPO loss became non-finite"], {"pairs.jsonl": PAIRS}),
+    Case("run-stages-empty", ["run", "p.yaml", "stages=[]"], ["pipeline.stages: names no stage"],
+         {"p.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),
+    Case("run-reward-raises-on-its-first-call", ["run", "p.yaml", "stages=[ppo]", "ppo.reward=hostile_first_run:score",
+                                                 *[f"ppo.{o}" for o in SMALL_PPO]],
+         ["reward 'hostile_first_run:score'", "boom"],
+         {"p.yaml": PIPELINE, **failing_reward("hostile_first_run")}, subprocess=True),
+    # ... and an earlier run it fails over (with --overwrite, or `quartet run --force`) is left exactly as it was
+    *[Case(f"{stage}-fails-over-its-earlier-run", [*STAGE_ARGV[stage], *DIVERGES, "--overwrite"],
+           [f"{name} loss became non-finite"], {**INPUTS[stage], **earlier_run(stage)})
+      for stage, name in (("sft", "SFT"), ("rm", "reward-model"), ("dpo", "DPO"))],
+    Case("ppo-fails-over-its-earlier-run", [*PPO, *SMALL_PPO, "reward=hostile_again_ppo:score", "--overwrite"],
+         ["reward 'hostile_again_ppo:score'"], {**failing_reward("hostile_again_ppo"), **earlier_run("ppo")}),
+    Case("eval-fails-over-its-earlier-run", ["eval", TINY, *EVAL, "--relevance", "hostile_again_eval:score",
+                                             "--overwrite"],
+         ["reward 'hostile_again_eval:score'"],
+         {**failing_reward("hostile_again_eval"), "out/.quartet-run": '{"stage": "eval"}\n', "out/eval.json": "{}\n",
+          "out/samples.jsonl": "{}\n"}),
+    Case("label-fails-over-its-earlier-run", [*LABEL, "judge=hostile_again_label:score", "--overwrite"],
+         ["reward 'hostile_again_label:score'"], {**failing_reward("hostile_again_label"), **LABEL_RUN}),
+    Case("run-fails-over-its-earlier-run", ["run", "p.yaml", "stages=[ppo]", "--force",
+                                            "ppo.reward=hostile_again_run:score", *[f"ppo.{o}" for o in SMALL_PPO]],
+         ["reward 'hostile_again_run:score'"], {"p.yaml": PIPELINE, **failing_reward("hostile_again_run"),
+                                                **PIPELINE_RUN}),
+]
+CASES += OUTPUT_CASES
 
 DRIVER = r'''
 import contextlib, io, json, logging, os, shutil, sys, traceback
@@ -237,7 +443,9 @@ def materialise(case_dir, files):
     for rel, content in files.items():
         path = os.path.join(case_dir, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        if isinstance(content, dict):
+        if isinstance(content, dict) and "link" in content:
+            os.symlink(content["link"], path)
+        elif isinstance(content, dict):
             shutil.copytree(template(content["model"]), path)
             if content["damage"] == "truncate":
                 weights = os.path.join(path, "model.safetensors")
@@ -245,6 +453,13 @@ def materialise(case_dir, files):
                 open(weights, "wb").write(data[: len(data) // 2])
             elif content["damage"] == "config":
                 open(os.path.join(path, "config.json"), "w").write("{not json")
+            elif isinstance(content["damage"], dict):
+                edit = content["damage"]
+                file = os.path.join(path, edit["file"])
+                text = edit.get("text")
+                if "set" in edit:
+                    text = json.dumps({**json.load(open(file)), **edit["set"]})
+                open(file, "w").write(text)
         else:
             open(path, "w", encoding="utf-8").write(content)
 
@@ -345,7 +560,7 @@ def test_hostile_input_as_a_real_process(case, results, tmp_path):
     in a fresh copy of the files the driver made for it."""
     root, _ = results
     d = tmp_path / "case"
-    shutil.copytree(root / case.id, d)
+    shutil.copytree(root / case.id, d, symlinks=True)  # a link stays a link
     before = _snapshot(d)
     out = subprocess.run([sys.executable, "-m", "quartet.cli", *case.argv], capture_output=True, text=True,
                          timeout=300, env=_env(), cwd=d)
@@ -362,3 +577,82 @@ def test_the_table_covers_every_command_and_enough_cases():
 def test_case_record_is_plain_data():
     """Cases travel to the driver as JSON: keep them plain data (text, lists, dicts from `model`)."""
     json.dumps([asdict(c) for c in CASES])
+
+
+# ---------------------------------------------------------------------------- inputs that never end
+NEVER_ENDS = r'''
+import contextlib, io, json, logging, os, sys
+from quartet.cli import main
+results = {}
+for case_dir, argv in json.load(open(sys.argv[1])):
+    os.chdir(case_dir)
+    err = io.StringIO()
+    for h in list(logging.getLogger().handlers):
+        logging.getLogger().removeHandler(h)
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+    results[case_dir] = [rc, err.getvalue()]
+print(json.dumps(results))
+'''
+
+
+def test_a_data_path_that_never_ends_is_refused(tmp_path):
+    """A FIFO (no writer: opening it blocks) and /dev/zero (reading never ends), named directly or through a
+    symlink, are refused with one line before a byte is read, by a stage and by `quartet run`'s up-front check.
+    One real process under a timeout runs every case, so a regression fails here instead of hanging the suite."""
+    cases, expected = [], {}
+    for kind, path in (("fifo", "pipe.jsonl"), ("dev-zero", "/dev/zero"), ("link", "zero.jsonl")):
+        for argv in (["sft", f"model={TINY}", f"data.path={path}", "output_dir=out"],
+                     ["run", "pipe.yaml", f"sft.data.path={path}"]):
+            d = tmp_path / f"{argv[0]}-{kind}"
+            d.mkdir()
+            (d / "pipe.yaml").write_text(PIPELINE)
+            if kind == "fifo":
+                os.mkfifo(d / path)
+            elif kind == "link":
+                (d / path).symlink_to("/dev/zero")
+            what = "a named pipe (FIFO)" if kind == "fifo" else "a character device"
+            expected[str(d)] = (Case(d.name, argv, [f"{path}: is {what}, not a data file"]), _snapshot(d))
+            cases.append([str(d), argv])
+    d = tmp_path / "config-fifo"  # a config file read from a FIFO would wait for a writer too
+    d.mkdir()
+    os.mkfifo(d / "sft.yaml")
+    expected[str(d)] = (Case(d.name, ["sft", "-c", "sft.yaml"], ["sft.yaml: not a regular file"]), _snapshot(d))
+    cases.append([str(d), ["sft", "-c", "sft.yaml"]])
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    out = subprocess.run([sys.executable, "-c", NEVER_ENDS, str(tmp_path / "cases.json")], capture_output=True,
+                         text=True, timeout=180, env=_env(), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for d, (rc, stderr) in json.loads(out.stdout.splitlines()[-1]).items():
+        case, before = expected[d]
+        _check(case, rc, stderr, before, _snapshot(Path(d)))
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_and_small_anchors_still_work(tmp_path):
+    """The bomb is refused while it is parsed (well under a second, where expanding it took over a minute),
+    with a short message; an anchor reused a few times, as a hand-written config might, still loads."""
+    import time
+
+    from quartet.config import SFTConfig, load_config, read_yaml
+    from quartet.errors import ConfigError
+
+    (tmp_path / "bomb.yaml").write_text(BOMB_YAML)
+    for load in (lambda: read_yaml(tmp_path / "bomb.yaml"), lambda: load_config(SFTConfig, None, [f"seed={BOMB_FLOW}"])):
+        start = time.perf_counter()
+        with pytest.raises(ConfigError, match="aliases expand to more than 10000 nodes") as err:
+            load()
+        assert time.perf_counter() - start < 0.5 and len(str(err.value)) < 200
+    (tmp_path / "sft.yaml").write_text("optim: &o {lr: 0.001, warmup_steps: 2}\ndata: {path: a.jsonl}\n"
+                                       "eval_data: {<<: {path: b.jsonl}, limit: 3}\nlora: &l {enabled: false}\n")
+    cfg = load_config(SFTConfig, tmp_path / "sft.yaml", ["eval_data.max_line_mb=2"])
+    assert cfg.optim.lr == 0.001 and cfg.eval_data.limit == 3 and cfg.eval_data.max_line_mb == 2
+
+
+def test_error_lines_are_capped_with_a_count_of_what_was_cut():
+    from quartet.cli import MAX_ERROR_CHARS, capped
+
+    assert capped("short") == "short" and capped("x" * MAX_ERROR_CHARS) == "x" * MAX_ERROR_CHARS
+    assert capped("x" * (MAX_ERROR_CHARS + 7)) == "x" * MAX_ERROR_CHARS + " ... [7 more characters cut]"

@@ -269,6 +269,36 @@ CASES = {
         lambda t: lambda: check_context(_with_context(8), [[1] * 6, [1] * 3], 4, "label.policy 'p'", "lower one"),
         ConfigError, ["label.policy 'p'", "longest prompt (6 tokens) + max_new_tokens (4) = 10", "context of 8 tokens"],
     ),
+    # ---- reading is bounded: line length, nesting depth (FIFOs and devices: tests/cli/test_hostile_inputs.py)
+    "jsonl-line-longer-than-max-line-mb": (
+        lambda t: prompts(_jsonl(t, [{"prompt": "ok"}, {"prompt": "x" * 3000}]), max_line_mb=0.001),
+        DataError, ["data.jsonl row 2", "line longer than the 0.001 MB limit (max_line_mb)", "raise max_line_mb"],
+    ),
+    "csv-line-longer-than-max-line-mb": (
+        lambda t: prompts(_bytes(t, "data.csv", b"prompt\nok\n" + b"y" * 3000 + b"\n"), max_line_mb=0.001),
+        DataError, ["data.csv line 3", "line longer than the 0.001 MB limit"],
+    ),
+    "jsonl-nested-deeper-than-the-bound": (
+        lambda t: prompts(_jsonl(t, [{"prompt": "ok"}, '{"prompt": "p", "x": ' + "[" * 70 + "]" * 70 + "}"])),
+        DataError, ["data.jsonl row 2", "nested more than 64 levels deep"],
+    ),
+    "jsonl-nested-past-the-parsers-recursion": (  # json.loads alone raises RecursionError here
+        lambda t: prompts(_jsonl(t, ['{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}"])),
+        DataError, ["data.jsonl row 1", "nested more than 64 levels deep"],
+    ),
+    "json-row-nested-deeper-than-the-bound": (
+        lambda t: prompts(_bytes(t, "data.json", ('[{"prompt": "a"}, {"prompt": ' + "{\"a\": " * 70 + "1"
+                                                   + "}" * 70 + "}]").encode())),
+        DataError, ["data.json row 2", "nested more than 64 levels deep"],
+    ),
+    "csv-cell-nested-past-the-parsers-recursion": (
+        lambda t: prompts(_bytes(t, "data.csv", b'prompt\n"[{""a"": ' + b"[" * 10_000 + b"]" * 10_000 + b'}]"\n')),
+        DataError, ["data.csv row 1: field 'prompt'", "nested more than 64 levels deep"],
+    ),
+    "data-path-is-a-device": (
+        lambda t: lambda: check_data_path("/dev/zero"),
+        DataError, ["/dev/zero", "is a character device, not a data file"],
+    ),
     "reward-returns-nan": (
         lambda t: lambda: load_reward_fn(_user_reward(t, "return [0.0, float('nan')]"))(["p", "q"], ["a", "b"]),
         ConfigError, ["user_reward_mod:score", "score 1 is nan, not finite"],
@@ -301,6 +331,31 @@ def test_bad_input_is_one_line_error_naming_the_place(case, importable_tmp):
 
 def test_at_least_twenty_cases():
     assert len(CASES) >= 20
+
+
+def test_a_line_at_the_limit_is_read_and_one_byte_more_is_refused(tmp_path):
+    """The bound is on the line's bytes without its newline: exactly max_line_mb passes, one byte more does not."""
+    limit = int(0.001 * 2**20)
+    row = '{"prompt": "' + "x" * (limit - len('{"prompt": ""}')) + '"}'
+    assert len(row.encode()) == limit
+    assert load_prompts(DataConfig(path=_jsonl(tmp_path, [row]), max_line_mb=0.001))[0].prompt.startswith("xx")
+    longer = _jsonl(tmp_path, [row.replace("xx", "xxx", 1)], name="longer.jsonl")
+    with pytest.raises(DataError, match="longer.jsonl row 1: line longer than"):
+        load_prompts(DataConfig(path=longer, max_line_mb=0.001))
+    assert DataConfig().max_line_mb == 16  # a real row, however long its chat, is far below the default
+
+
+def test_every_loader_reads_through_the_bounded_reader(tmp_path):
+    """Prompts, SFT rows, preference pairs and a label stage's samples: each applies its data section's
+    max_line_mb (and so every stage, whose data comes through these loaders)."""
+    from quartet.data import load_samples
+
+    rows = [{"prompt": "p", "completion": "c", "chosen": "a", "rejected": "b"}]
+    path = _jsonl(tmp_path, [*rows, {**rows[0], "prompt": "x" * 3000}])
+    for load in (load_prompts, load_sft, load_preferences, load_samples):
+        assert load(DataConfig(path=path))
+        with pytest.raises(DataError, match="data.jsonl row 2: line longer than the 0.001 MB limit"):
+            load(DataConfig(path=path, max_line_mb=0.001))
 
 
 # --------------------------------------------------------------------------- no partial output

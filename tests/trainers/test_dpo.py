@@ -137,7 +137,7 @@ def test_reference_logps_are_one_teacher_forced_pass(tmp_path, lora):
 ])
 def test_every_loss_variant_trains(tmp_path, variant):
     result = train_dpo(make_cfg(tmp_path, n=40, max_steps=4, kl_samples=0, **variant))
-    assert math.isfinite(result.train_loss) and result.eval.kl != result.eval.kl  # kl off: nan
+    assert math.isfinite(result.train_loss) and result.eval.kl is None  # kl off: not measured, not logged
     assert result.eval.margin > result.first_eval.margin
     assert changed(result.model_dir)
 

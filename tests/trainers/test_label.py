@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from trainer_helpers import TINY, assert_one_line_error, run_cli, single_thread  # noqa: F401
@@ -87,22 +89,24 @@ def test_a_users_file_where_the_answers_go_is_refused(tmp_path):
 
 
 def test_a_label_run_killed_while_writing_can_run_again(tmp_path, monkeypatch):
-    """Killed after the answers file, before the pairs: the files beside the config are Quartet's, so the same
-    command runs again (and the stage counts as done only once the pairs are written)."""
-    import quartet.trainers.label as stage
+    """Killed while renaming its files into place, after the answers file and before the pairs: the files beside
+    the config are Quartet's, so the same command runs again (and the stage counts as done only once the pairs
+    are written)."""
+    import quartet.atomic
 
-    real = stage.atomic_write_text
+    real = os.replace
 
-    def killed_at_the_pairs(path, text):
-        if path.name == "prefs.jsonl":
+    def killed_at_the_pairs(src, dst):
+        if Path(dst).name == "prefs.jsonl":
             raise KeyboardInterrupt
-        return real(path, text)
+        return real(src, dst)
 
-    monkeypatch.setattr(stage, "atomic_write_text", killed_at_the_pairs)
+    monkeypatch.setattr(quartet.atomic.os, "replace", killed_at_the_pairs)
     with pytest.raises(KeyboardInterrupt):
         label(make_cfg(tmp_path))
+    monkeypatch.undo()
     assert (tmp_path / "label" / "prefs.samples.jsonl").is_file() and not (tmp_path / "label" / "prefs.jsonl").exists()
-    monkeypatch.setattr(stage, "atomic_write_text", real)
+    assert not list((tmp_path / "label").glob(".*.tmp"))  # no temporary of the pairs left behind
     assert label(make_cfg(tmp_path)).output.is_file()
 
 

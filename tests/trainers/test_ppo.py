@@ -456,3 +456,29 @@ def test_a_separate_critic_is_clipped_by_its_own_norm(tmp_path):
         assert m_a["policy/grad_norm"] == m_b["policy/grad_norm"] > 0.05  # clipping was active
         assert m_b["value/grad_norm"] > 100 * m_a["value/grad_norm"] > 0.05
         assert m_b["optim/grad_norm"] == pytest.approx(math.hypot(m_b["policy/grad_norm"], m_b["value/grad_norm"]))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("optim", {"lr": -1.0}, r"^optim\.lr: must be > 0, got -1\.0$"),
+    ("lora", {"enabled": True, "r": 0}, r"^lora\.r: must be > 0, got 0$"),
+    ("generation", {"top_p": 2.0}, r"^generation\.top_p: must be in \[1e-06, 1\.0\], got 2\.0$"),
+    ("prompts", {"path": "task:tiny-target/train", "limit": 0}, r"^prompts\.limit: must be > 0, got 0$"),
+], ids=["optim", "lora", "generation", "prompts"])
+def test_a_bad_nested_setting_built_in_python_is_refused_before_any_model_loads(tmp_path, monkeypatch, field,
+                                                                               value, message):
+    """`PPOTrainer(cfg)` checks the whole config tree, as SFT and DPO do: a sub-config set in Python (never read
+    from YAML) with a bad value is one ConfigError naming the dotted field, raised before a model is loaded or
+    the output folder is made."""
+    import dataclasses
+
+    from quartet.trainers import ppo
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was checked")
+
+    monkeypatch.setattr(ppo, "build_roles", no_model)
+    cfg = make_cfg(tmp_path)
+    setattr(cfg, field, dataclasses.replace(getattr(cfg, field), **value))
+    with pytest.raises(ConfigError, match=message):
+        PPOTrainer(cfg, progress=False)
+    assert not (tmp_path / "ppo").exists()

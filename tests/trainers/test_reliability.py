@@ -4,10 +4,12 @@ weights never reach a saved model."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import stat
 import subprocess
@@ -21,7 +23,7 @@ import torch
 from test_ppo import TINY, make_cfg
 
 from quartet.atomic import atomic_dir, atomic_write_text
-from quartet.errors import ConfigError
+from quartet.errors import ConfigError, QuartetError
 from quartet.outputs import MARKER, check_output_dir, run_lock
 from quartet.trainers import checkpoint as ckpt
 from quartet.trainers import loop
@@ -61,26 +63,43 @@ def test_a_file_is_never_replaced_by_a_run(tmp_path):
     assert snapshot(tmp_path) == before and f.read_text() == "mine"
 
 
-def test_overwrite_writes_into_a_folder_and_keeps_the_users_files(tmp_path):
+def test_overwrite_writes_beside_the_users_files_and_never_over_one(tmp_path):
     user = tmp_path / "out"
     user.mkdir()
     (user / "keep.txt").write_text("mine")
-    (user / "summary.md").write_text("old summary")
     with loop.run_dir(str(user), MAIN, "sft", overwrite=True) as tmp:
         (tmp / "summary.md").write_text("new")
         (tmp / "model").mkdir()
     assert (user / "keep.txt").read_text() == "mine"
     assert (user / "summary.md").read_text() == "new" and (user / "model").is_dir()
     assert json.loads((user / MARKER).read_text())["stage"] == "sft"
+    # a user's file at a path the stage writes: refused, nothing touched
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "summary.md").write_text("my summary")
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError, match=r"other already holds files that are not a Quartet run, and .*other/"
+                                          r"summary.md is a path the sft stage writes"):
+        with loop.run_dir(str(other), MAIN, "sft", overwrite=True):
+            pass
+    assert snapshot(tmp_path) == before
 
 
 def test_a_run_of_the_same_stage_is_replaced_and_of_another_refused(tmp_path):
     out = tmp_path / "run"
     with loop.run_dir(str(out), MAIN, "sft") as tmp:
-        (tmp / "a.txt").write_text("1")
+        (tmp / "summary.md").write_text("1")
+        (tmp / "model").mkdir()
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "model", "summary.md"]
     with loop.run_dir(str(out), MAIN, "sft") as tmp:
-        (tmp / "b.txt").write_text("2")
-    assert not (out / "a.txt").exists() and (out / "b.txt").is_file()
+        (tmp / "summary.md").write_text("2")
+    assert (out / "summary.md").read_text() == "2" and not (out / "model").exists()  # the old run's files go
+    (out / "notes.txt").write_text("mine")  # a file the user put into the run folder stays through a re-run
+    with loop.run_dir(str(out), MAIN, "sft") as tmp:
+        (tmp / "summary.md").write_text("3")
+        (tmp / "model").mkdir()
+    assert (out / "notes.txt").read_text() == "mine" and (out / "summary.md").read_text() == "3"
+    assert (out / "model").is_dir() and not list(tmp_path.glob(".*"))
     with pytest.raises(ConfigError, match="already holds a Quartet sft run"):
         check_output_dir(out, "rm")
     for bad in (".", ""):
@@ -326,3 +345,280 @@ def test_a_pipeline_never_writes_into_a_users_folder(tmp_path):
     with pytest.raises(ConfigError, match="pipeline.output_dir: .* already holds files that are not a Quartet run"):
         run_pipeline(cfg)
     assert snapshot(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------- checkpoint state validated on read
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A finished 2-iteration run with checkpoints iter-1 and iter-2, copied by each test that edits it."""
+    cfg = _run(tmp_path_factory.mktemp("finished"), iterations=2)
+    PPOTrainer(cfg, progress=False).train()
+    return Path(cfg.output_dir)
+
+
+def _set(key, value):
+    return lambda state: state.__setitem__(key, value)
+
+
+@pytest.mark.parametrize("edit, iterations, message", [
+    (_set("iteration", -1), 2, "iteration must be a whole number >= 0, got -1"),
+    (_set("iteration", "2"), 2, "iteration must be a whole number >= 0, got '2'"),
+    (_set("iteration", True), 2, "iteration must be a whole number >= 0, got True"),
+    (_set("iteration", 2.5), 2, "iteration must be a whole number >= 0, got 2.5"),
+    (_set("iteration", 1), 2, "iteration 1 does not match its folder iter-2"),
+    (lambda state: state.pop("iteration"), 2, "missing field 'iteration'"),
+    (lambda state: state.pop("kl_ctl"), 2, "missing field 'kl_ctl'"),
+    (lambda state: state.pop("rng"), 2, "missing field 'rng'"),
+    (_set("best", {"value": 0.5, "iteration": "../../etc"}), 2, "best.iteration must be a whole number from 0 to 2"),
+    (_set("best", {"value": float("nan"), "iteration": 1}), 2, "best.value must be a finite number or null, got nan"),
+    (None, 1, "iteration 2 is past the run's iterations (1); set iterations to at least 2"),
+], ids=["negative", "text", "bool", "float", "other-folder", "no-iteration", "no-kl-ctl", "no-rng", "best-iteration",
+        "best-nan", "past-iterations"])
+def test_a_hand_edited_checkpoint_state_is_refused_naming_the_field(finished_run, tmp_path, edit, iterations, message):
+    """One line naming state.json and the field; nothing written, nothing pruned, no fallback to iter-1 (which
+    would resume from another point than the files say)."""
+    cfg = _run(tmp_path, iterations=iterations)
+    shutil.copytree(finished_run, cfg.output_dir)
+    file = Path(cfg.output_dir) / "checkpoints" / "iter-2" / ckpt.STATE_JSON
+    if edit is not None:
+        state = json.loads(file.read_text())
+        edit(state)
+        file.write_text(json.dumps(state))
+    before = snapshot(Path(cfg.output_dir))
+    with pytest.raises(ckpt.InvalidState) as err:
+        PPOTrainer(cfg, resume=True, progress=False)
+    assert str(err.value).startswith(f"{file}: {message}")
+    assert snapshot(Path(cfg.output_dir)) == before
+
+
+def test_pruning_never_removes_the_checkpoint_resumed_from(tmp_path):
+    """iter-3 and iter-4 damaged, so the resume starts from iter-2, with keep_checkpoints lowered to 2: writing
+    iter-3 once pruned iter-1 and iter-2 (the newest two being iter-3 and the damaged iter-4), leaving no
+    checkpoint known to read back. Now the damaged iter-4 does not count (it is replaced when reached) and iter-2
+    stays while the run goes on."""
+    cfg = _run(tmp_path, iterations=4, **{"optim.schedule": "constant"})
+    PPOTrainer(cfg, progress=False).train()
+    run = Path(cfg.output_dir)
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["iter-1", "iter-2", "iter-3", "iter-4"]
+    for n in (3, 4):
+        weights = run / "checkpoints" / f"iter-{n}" / "policy.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    resumed = PPOTrainer(_run(tmp_path, iterations=4, keep_checkpoints=2, **{"optim.schedule": "constant"}),
+                         resume=True, progress=False)
+    assert resumed.start_iteration == 2 and resumed.resumed_from.name == "iter-2"
+    resumed.train()
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["iter-2", "iter-3", "iter-4"]
+    for path in ckpt.list_checkpoints(run):  # all three read back whole: iter-3 and iter-4 were rewritten
+        ckpt.read_checkpoint(path, ["policy"], max_iteration=4)
+
+
+def test_save_checkpoint_prunes_only_older_checkpoints_and_never_the_protected_one(tmp_path):
+    for n in (1, 2, 3, 9):
+        (tmp_path / "checkpoints" / f"iter-{n}").mkdir(parents=True)
+    ckpt.save_checkpoint(tmp_path, 4, {}, {"iteration": 4}, keep=1, protect=tmp_path / "checkpoints" / "iter-2")
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["iter-2", "iter-4", "iter-9"]
+
+
+# ---------------------------------------------------------------------------- best_metric, dpo kl_samples=0
+@pytest.mark.parametrize("kw", [
+    dict(critic="separate", gold="task:tiny-target", monitor_judges={"rel": "task:tiny-target"}, reward_norm=True),
+    dict(advantage="grpo", samples_per_prompt=2, critic=None, kl_in_reward=False),
+    dict(critic="shared", entropy_coef=0.01),
+], ids=["separate-critic-gold-monitor", "grpo-kl-loss", "shared-critic"])
+def test_logged_metrics_are_exactly_what_a_run_logs(tmp_path, kw):
+    """PPOConfig.logged_metrics, which best_metric is checked against, is the trainer's own list: a drift
+    between the two fails here."""
+    cfg = make_cfg(tmp_path, iterations=1, **kw)
+    PPOTrainer(cfg, progress=False).train()
+    records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
+    assert set().union(*records) - {"stage", "step", "time"} == set(cfg.logged_metrics)
+
+
+def test_best_metric_must_name_a_metric_the_run_logs(tmp_path):
+    from quartet.config import validate
+
+    with pytest.raises(ConfigError, match=r"ppo.best_metric: 'objective/gold' is not a metric this run logs \(choose "
+                                          r"from memory/peak_rss_mb, objective/kl, .*value/loss\)$"):
+        validate(make_cfg(tmp_path, best_metric="objective/gold"))
+    with pytest.raises(ConfigError, match="'value/loss' is not a metric this run logs"):
+        validate(make_cfg(tmp_path, best_metric="value/loss", advantage="grpo", samples_per_prompt=2, critic=None))
+    validate(make_cfg(tmp_path, best_metric="objective/gold", gold="task:tiny-target"))
+    validate(make_cfg(tmp_path, best_metric="rollout/rel", monitor_judges={"rel": "task:tiny-target"}))
+
+
+def test_dpo_with_kl_samples_zero_logs_no_kl_and_its_run_reads_back(tmp_path):
+    """kl_samples: 0 turns the KL measurement off: no dpo/kl (not a NaN) in metrics.jsonl, no KL line in the
+    summary, and the report and the doctor read the run without it."""
+    from test_dpo import make_cfg as dpo_cfg
+
+    from quartet.monitor import diagnose_run, read_metrics, write_report
+    from quartet.trainers.dpo import train_dpo
+
+    result = train_dpo(dpo_cfg(tmp_path, n=40, epochs=1.0, kl_samples=0))
+    assert result.first_eval.kl is None and result.eval.kl is None
+    run = tmp_path / "dpo"
+    records = read_metrics(run)
+    assert any("rewards/eval_accuracy" in r for r in records) and not any("dpo/kl" in r for r in records)
+    text = (run / "metrics.jsonl").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert "KL to the reference" not in (run / "summary.md").read_text()
+    assert "DPO: KL to the reference" not in write_report(run).read_text()
+    diagnose_run(run)
+    assert (run / "findings.jsonl").is_file()
+
+
+def test_a_run_saved_before_max_line_mb_existed_resumes(tmp_path):
+    """A reading limit does not change the run: a config.yaml without prompts.max_line_mb (written before the
+    field existed), or with another value, resumes."""
+    import yaml
+
+    cfg = _run(tmp_path, iterations=2, **{"optim.schedule": "constant"})
+    PPOTrainer(cfg, progress=False).train()
+    saved = Path(cfg.output_dir) / "config.yaml"
+    data = yaml.safe_load(saved.read_text())
+    del data["prompts"]["max_line_mb"]
+    saved.write_text(yaml.safe_dump(data, sort_keys=False))
+    longer = _run(tmp_path, iterations=3, **{"optim.schedule": "constant", "prompts.max_line_mb": 4.0})
+    PPOTrainer(longer, resume=True, progress=False).train()
+    assert sorted(_steps(Path(cfg.output_dir))) == [1, 2, 3]
+    assert "max_line_mb: 4.0" in saved.read_text()
+
+
+# ---------------------------------------------------------------------------- where and how a stage writes
+REWARD_DOWN = {"on": False}
+
+
+def switchable_reward(prompts, responses):
+    """tiny-target's reward, or an error while REWARD_DOWN is on (`test_reliability:switchable_reward`)."""
+    if REWARD_DOWN["on"]:
+        raise RuntimeError("the reward service is down")
+    return [float(r.strip()[:1] in "aeiou") for r in responses]
+
+
+def _contents(root: Path) -> dict:
+    """Every entry under `root`: a file's bytes, size and mtime; a folder's mtime (an entry added or removed
+    changes it)."""
+    return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None, p.lstat().st_mtime_ns)
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_resume_that_fails_before_its_first_result_leaves_the_run_as_it_was(tmp_path):
+    """A resumed run writes nothing until its first iteration has a result: not the allowed change to
+    config.yaml, not the truncation of what was logged after the checkpoint, not a new tb/ event file."""
+    cfg = _run(tmp_path, iterations=1, reward="test_reliability:switchable_reward", **{"optim.schedule": "constant"})
+    PPOTrainer(cfg, progress=False).train()
+    run = Path(cfg.output_dir)
+    with open(run / "metrics.jsonl", "a") as f:  # logged after the newest checkpoint by a run that was then killed
+        f.write(json.dumps({"stage": "ppo", "step": 2, "objective/score": 0.5}) + "\n")
+    before = _contents(run)
+    longer = _run(tmp_path, iterations=2, reward="test_reliability:switchable_reward",
+                  **{"optim.schedule": "constant"})
+    REWARD_DOWN["on"] = True
+    try:
+        with pytest.raises(QuartetError, match="switchable_reward.*the reward service is down"):
+            PPOTrainer(longer, resume=True, progress=False).train()
+    finally:
+        REWARD_DOWN["on"] = False
+    assert _contents(run) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ppo"]  # no lock, no temporary beside it
+    PPOTrainer(longer, resume=True, progress=False).train()  # and it resumes as it would have
+    assert "iterations: 2" in (run / "config.yaml").read_text() and sorted(_steps(run)) == [1, 2]
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A tmpfs of `size` at `path`: a disk that really fills up. Skipped where this process may not mount one."""
+    path.mkdir()
+    try:
+        out = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no `mount` command here: the disk-full cases need a small tmpfs")
+    if out.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (it needs root or CAP_SYS_ADMIN; mount said: "
+                    f"{out.stderr.strip() or out.returncode}): the disk-full cases need one")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def _cli(tmp_path, *args, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    return subprocess.run([sys.executable, "-m", "quartet.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path, **kw)
+
+
+def _one_error(out: subprocess.CompletedProcess, *parts: str) -> None:
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert out.returncode == 2 and len(errors) == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    for part in parts:
+        assert part in errors[0], errors[0]
+
+
+SFT_DATA = '{"prompt": "ab", "completion": "aa"}\n{"prompt": "cd", "completion": "a1"}\n'
+SMALL_LM = "tiny:llama?hidden=32&layers=1&heads=4&vocab=300"  # its sft run: ~170 kB
+BIG_LM = "tiny:llama?hidden=128&layers=2&heads=4&vocab=300"  # ~2.4 MB: does not fit the 1 MB disk
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_previous_output_whole(tmp_path):
+    (tmp_path / "sft.jsonl").write_text(SFT_DATA)
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        run = disk / "run"
+
+        def sft(model):
+            return _cli(tmp_path, "sft", f"model={model}", "data.path=sft.jsonl", "max_steps=1", f"output_dir={run}")
+
+        _one_error(sft(BIG_LM), f"cannot write {run}", "No space left on device")
+        assert os.listdir(disk) == []  # no folder, no temporary, no lock
+        assert sft(SMALL_LM).returncode == 0
+        before = _contents(run)
+        _one_error(sft(BIG_LM), f"cannot write {run}/model", "No space left on device",
+                   "what was there before is unchanged")
+        assert _contents(run) == before and os.listdir(disk) == ["run"]
+
+
+def test_a_full_disk_while_labelling_leaves_no_file(tmp_path):
+    """One page free: the first of the stage's files fits, the next does not. Before, the config written first
+    was left behind; now every file is complete before any is renamed into place."""
+    with small_disk(tmp_path / "disk", "256k") as disk:
+        free = os.statvfs(disk)
+        (disk / "filler").write_bytes(b"x" * (free.f_bavail * free.f_frsize - 4096))
+        out = _cli(tmp_path, "label", f"policy={SMALL_LM}", "prompts.path=task:tiny-target/train", "num_samples=2",
+                   "generation.max_new_tokens=4", "min_gap=0", f"output={disk / 'label' / 'pairs.jsonl'}")
+        _one_error(out, f"cannot write {disk / 'label'}/pairs.", "No space left on device")
+        assert os.listdir(disk) == ["filler"]
+
+
+def test_every_file_a_pipeline_writes_has_the_umasks_mode_and_a_declared_name(tmp_path):
+    """Every stage, run for real under umask 027: each file 0640 and folder 0750 (weights too: safetensors writes
+    them 0600 on its own), and each stage writes only the names quartet.outputs.WRITES declares, which is what
+    --overwrite checks and a re-run replaces."""
+    from quartet.outputs import WRITES
+
+    (tmp_path / "sft.jsonl").write_text(SFT_DATA * 4)
+    out = tmp_path / "out"
+    (tmp_path / "pipe.yaml").write_text(json.dumps({
+        "output_dir": str(out), "task": "tiny-target", "stages": ["sft", "label", "rm", "ppo", "dpo", "eval"],
+        "tracking": {"report_to": ["tensorboard"]},
+        "sft": {"model": SMALL_LM, "data": {"path": "sft.jsonl", "chat_template": False}, "max_steps": 1,
+                "precision": "fp32"},
+        "label": {"num_samples": 4, "prompts": {"limit": 8}, "min_gap": 0.0,
+                  "generation": {"max_new_tokens": 4, "batch_size": 32}},
+        "rm": {"model": SMALL_LM, "max_steps": 1, "precision": "fp32", "normalize_samples": 4},
+        "ppo": {"iterations": 2, "rollout_batch_size": 4, "minibatch_size": 4, "micro_batch_size": 4, "save_every": 1,
+                "generation": {"max_new_tokens": 4, "batch_size": 4}, "precision": "fp32"},
+        "dpo": {"max_steps": 1, "precision": "fp32", "kl_samples": 2, "generation": {"max_new_tokens": 4}},
+        "eval": {"num_prompts": 2, "max_new_tokens": 4, "batch_size": 2},
+    }))
+    done = _cli(tmp_path, "run", "pipe.yaml", umask=0o027)
+    assert done.returncode == 0, done.stderr[-3000:]
+    modes = {str(p.relative_to(out)): stat.S_IMODE(p.stat().st_mode) for p in out.rglob("*")}
+    wrong = {p: oct(m) for p, m in modes.items() if m != (0o750 if (out / p).is_dir() else 0o640)}
+    assert not wrong and any(p.endswith(".safetensors") for p in modes)
+    assert {p.name for p in out.iterdir()} <= set(WRITES["pipeline"])
+    for stage in ("sft", "rm", "ppo", "dpo", "eval"):
+        undeclared = {p.name for p in (out / stage).iterdir()} - set(WRITES[stage])
+        assert not undeclared, f"{stage} writes {undeclared}, not in quartet.outputs.WRITES"
+    assert {p.name for p in (out / "label").iterdir()} == {f"preferences.{s}" for s in
+                                                            ("jsonl", "samples.jsonl", "config.yaml", "summary.md")}

@@ -144,7 +144,7 @@ def _open(cfg: DataConfig, kind: str) -> tuple[Table, dict[str, str]]:
             raise DataError(
                 f"{cfg.path}: columns: '{key}' is not a {kind} field (canonical fields: {', '.join(FIELDS[kind])})"
             )
-    table = read_table(cfg.path)
+    table = read_table(cfg.path, cfg.max_line_mb)
     if cfg.limit is not None:
         if cfg.limit < 1:
             raise DataError(f"{cfg.path}: limit must be > 0, got {cfg.limit}")

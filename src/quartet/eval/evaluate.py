@@ -63,10 +63,11 @@ from quartet.atomic import atomic_write_text
 from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
+from quartet.judges.bounded import JUDGE_TIMEOUT
 from quartet.models.loading import cache_kwarg, output_cache
 from quartet.models.packed import pack_linears
 from quartet.models.trunk import Trunk
-from quartet.outputs import check_output_dir, write_marker
+from quartet.outputs import check_output_dir, staged_output
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 
 log = logging.getLogger("quartet")
@@ -112,6 +113,9 @@ class EvalSettings:
     engine: str = "hf"
     """what samples the responses: "hf" (the exact inverse-CDF sampler here) or "vllm" (the vLLM extra, one
     engine for all checkpoints, their weights reloaded into it)"""
+    judge_timeout: float | None = JUDGE_TIMEOUT
+    """seconds one call of a user's `module:function` judge (gold, relevance) may take before eval stops with an
+    error naming it; None = no bound, the function called on the main thread (quartet.judges.bounded)"""
 
     def validate(self) -> None:
         # the config module's checks: a NaN or an infinity fails them too (`nan < 0` is False)
@@ -128,6 +132,8 @@ class EvalSettings:
             raise ConfigError(f"sample_dtype: must be one of auto, {', '.join(DTYPES)}, got {self.sample_dtype!r}")
         if self.engine not in ENGINES:
             raise ConfigError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.judge_timeout is not None:
+            _positive(self.judge_timeout, "judge_timeout")
 
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -187,6 +193,7 @@ def evaluate(
     overwrite: bool = False,
     relevance: str | None = "auto",
     engine: str = "hf",
+    judge_timeout: float | None = JUDGE_TIMEOUT,
 ) -> EvalResult:
     """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
     :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
@@ -199,7 +206,7 @@ def evaluate(
         prompts=prompts, num_prompts=num_prompts, gold=gold, reward_model=reward_model, reference=reference,
         baseline=baseline, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
         samples_per_prompt=samples_per_prompt, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
-        sample_dtype=sample_dtype, relevance=relevance, engine=engine,
+        sample_dtype=sample_dtype, relevance=relevance, engine=engine, judge_timeout=judge_timeout,
     )  # fmt: skip
     s.validate()
     if not checkpoints:
@@ -227,8 +234,8 @@ def evaluate(
                               "on a CPU `make vllm` and run from .venv-vllm")
     examples = load_prompts(DataConfig(path=s.prompts, limit=s.num_prompts))
     prompt_list = [ex.prompt for ex in examples]
-    gold_fn = _load_gold(s.gold) if s.gold else None
-    relevance_fn = _load_gold(s.relevance) if s.relevance else None
+    gold_fn = _load_gold(s.gold, s.judge_timeout) if s.gold else None
+    relevance_fn = _load_gold(s.relevance, s.judge_timeout) if s.relevance else None
     rm = _load_rm(s.reward_model) if s.reward_model else None
 
     t0 = time.perf_counter()
@@ -262,16 +269,16 @@ def evaluate(
     result = _summarise(runs, baseline_name, prompt_list, s)
     result.timing = timing
     if out is not None:
-        write_result(result, out)
+        write_result(result, out, overwrite)
     return result
 
 
-def write_result(result: EvalResult, out: str | Path) -> None:
-    """`<out>/samples.jsonl` first, then `<out>/eval.json` (its presence means the eval is complete)."""
-    out = Path(out)
-    write_marker(out, "eval")
-    atomic_write_text(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in result.records))
-    atomic_write_text(out / "eval.json", json.dumps(result.to_dict(), indent=1) + "\n")
+def write_result(result: EvalResult, out: str | Path, overwrite: bool = False) -> None:
+    """`<out>/samples.jsonl` and `<out>/eval.json` (its presence means the eval is complete), written as one folder
+    that replaces an earlier eval's files only once complete (quartet.outputs.staged_output)."""
+    with staged_output(out, "eval", overwrite, key="out") as tmp:
+        atomic_write_text(tmp / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in result.records))
+        atomic_write_text(tmp / "eval.json", json.dumps(result.to_dict(), indent=1) + "\n")
 
 
 def cli(args) -> int:
@@ -291,6 +298,7 @@ def cli(args) -> int:
         overwrite=args.overwrite,
         relevance=_relevance_arg(getattr(args, "relevance", "auto")),
         engine=getattr(args, "engine", "hf"),
+        judge_timeout=getattr(args, "judge_timeout", JUDGE_TIMEOUT),
     )
     print(format_table(result))
     print()
@@ -694,10 +702,10 @@ def _load(name: str):
     return model, tok
 
 
-def _load_gold(spec: str):
+def _load_gold(spec: str, timeout: float | None):
     from quartet.judges import load_reward_fn
 
-    return load_reward_fn(spec)
+    return load_reward_fn(spec, timeout)
 
 
 def _load_rm(name: str):

@@ -14,7 +14,9 @@ score per response. :func:`load_reward_fn` turns a config string into one:
 
 Reward-model directories are not reward functions: ``quartet.models.load_reward_model`` loads them
 (the PPO trainer picks that path itself). User callables are wrapped so a wrong return (count,
-type, NaN) is a one-line error naming the spec instead of a crash deep inside PPO.
+type, NaN) is a one-line error naming the spec instead of a crash deep inside PPO, and each call of a
+``module:function`` is bounded by a timeout (:mod:`quartet.judges.bounded`), so one that never returns is
+an error naming it instead of a hung run.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 from collections.abc import Callable
 
 from quartet.errors import ConfigError, ModelError
+from quartet.judges.bounded import JUDGE_TIMEOUT, call_bounded
 from quartet.judges.compose import is_composite, parse_composite
 from quartet.judges.relevance import relevance as relevance_judge
 from quartet.judges.vader import vader_score
@@ -47,16 +50,17 @@ JUDGES: dict[str, RewardFn] = {"relevance": relevance_judge, "vader": _vader}
 """built-in judges, named in specs as ``judge:<name>``"""
 
 
-def load_reward_fn(spec: str) -> RewardFn:
-    """A reward spec (see module docstring) -> a checked reward function."""
+def load_reward_fn(spec: str, timeout: float | None = JUDGE_TIMEOUT) -> RewardFn:
+    """A reward spec (see module docstring) -> a checked reward function; each call of a user's
+    ``module:function`` in it may take at most ``timeout`` seconds (None: no bound, on the caller's thread)."""
     spec = str(spec).strip()
-    return _checked(_load(spec, spec), spec)
+    return _checked(_load(spec, spec, timeout), spec)
 
 
-def _load(spec: str, where: str) -> Callable:
+def _load(spec: str, where: str, timeout: float | None) -> Callable:
     """One spec -> its unchecked callable; errors name ``where``, the whole spec the user wrote."""
     if is_composite(spec):
-        return parse_composite(spec, lambda part: _checked(_load(part, where), part), where)
+        return parse_composite(spec, lambda part: _checked(_load(part, where, timeout), part), where)
     if spec.startswith("task:"):
         from quartet.tasks import get_task
 
@@ -75,7 +79,7 @@ def _load(spec: str, where: str) -> Callable:
                               f"{', '.join('judge:' + k for k in JUDGES)})")
         return JUDGES[name]
     if _MODULE_FUNCTION.match(spec) and not os.path.exists(spec):
-        return _import_callable(spec, where)
+        return _bounded(_import_callable(spec, where), spec, where, timeout)
     if where != spec:
         raise ConfigError(f"reward '{where}': '{spec}' is not a judge (task:<name>, judge:<name>, "
                           f"module:function or a combination); reward-model directories cannot be combined")
@@ -104,6 +108,18 @@ def _import_callable(target: str, spec: str) -> Callable:
     except ValueError:  # some builtins have no signature; find out when it is called
         pass
     return obj
+
+
+def _bounded(fn: Callable, target: str, where: str, timeout: float | None) -> Callable:
+    """``fn``, each call bounded by ``timeout``; a timeout names ``target`` (the user's module:function) and the
+    whole spec it is part of. Only user code is bounded: the built-in judges are Quartet's own."""
+    name = f"'{target}'" if target == where else f"'{target}' (in '{where}')"
+
+    @functools.wraps(fn)
+    def bounded(prompts: list[str], responses: list[str]):
+        return call_bounded(fn, (prompts, responses), timeout, name)
+
+    return bounded
 
 
 def _import(module_name: str, spec: str):

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from torch import nn
 
@@ -121,20 +122,64 @@ def _dir_source(name: str, path: Path) -> ModelSource:
         hint = f"; to load the GGUF inside, name the file: {path / ggufs[0]}" if ggufs else ""
         raise ModelError(f"model dir '{name}': no config.json (expected a save_pretrained directory){hint}")
     read_config_json(path)
+    check_tokenizer_files(path)
     check_weight_files(path)
     return ModelSource(name, "dir", path)
 
 
+# config.json fields that size the model: a whole number > 0 where present (null means "derive it" for some)
+SIZE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+               "vocab_size", "max_position_embeddings", "head_dim", "n_embd", "n_layer", "n_head", "n_inner",
+               "n_positions", "d_model", "num_layers", "num_heads")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def read_config_json(path: Path) -> dict:
-    """``path/config.json`` as a dict; a one-line ModelError naming the file when it is not a JSON object."""
+    """``path/config.json`` as a dict; a one-line ModelError naming the file and field when it is not a JSON
+    object or a field transformers builds the model from has the wrong type (checked here, since inside
+    transformers a string size is a validation traceback and a negative layer count a model with no layers)."""
     file = path / "config.json"
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise ModelError(f"{file}: not readable JSON ({_first_line(e)})") from None
-    if not isinstance(config, dict):
-        raise ModelError(f"{file}: expected a JSON object, got {type(config).__name__}")
+    config = _read_json_object(file)
+    for section, where in ((config, ""), (config.get("text_config"), "text_config.")):
+        if not isinstance(section, dict):
+            continue
+        for key in SIZE_FIELDS:
+            value = section.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ModelError(f"{file}: {where}{key} must be a whole number > 0, got {value!r}")
+    archs = config.get("architectures")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ModelError(f"{file}: architectures must be a list of class names, got {archs!r}")
+    if not isinstance(config.get("model_type", ""), str):
+        raise ModelError(f"{file}: model_type must be text, got {config['model_type']!r}")
     return config
+
+
+def check_tokenizer_files(path: Path) -> None:
+    """The tokenizer files in ``path`` are JSON objects, and tokenizer.json one the tokenizers library can
+    build: a one-line ModelError naming the file instead of a KeyError or AttributeError from transformers."""
+    for name in TOKENIZER_FILES:
+        file = path / name
+        if file.is_file():
+            _read_json_object(file)
+            if name == "tokenizer.json":
+                from tokenizers import Tokenizer
+
+                try:
+                    Tokenizer.from_file(str(file))
+                except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+                    raise ModelError(f"{file}: not a tokenizer the tokenizers library can read ({_first_line(e)})"
+                                     ) from None
+
+
+def _read_json_object(file: Path) -> dict:
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ModelError(f"{file}: not readable JSON ({_first_line(e)})") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def check_weight_files(path: Path) -> None:
@@ -156,6 +201,9 @@ def check_weight_files(path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- loading
+CONFIG_ERRORS = (OSError, ValueError, KeyError, TypeError, StrictDataclassError)
+"""what transformers raises for a config.json it cannot use"""
+
 _GGUF_CACHE: dict[tuple[str, torch.dtype], tuple[nn.Module, object]] = {}
 """(gguf path, dtype) -> pristine (model, tokenizer). Dequantising SmolLM2 takes ~10 s; a PPO run
 loads it up to three times (actor, reference, critic), so copies are handed out instead."""
@@ -230,8 +278,8 @@ def _load_dir(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool):
         config = AutoConfig.from_pretrained(
             source.path, trust_remote_code=trust_remote_code, local_files_only=True
         )
-    except (OSError, ValueError, KeyError) as e:
-        raise ModelError(f"model dir '{source.name}': config.json not usable ({_first_line(e)})") from None
+    except CONFIG_ERRORS as e:  # a field of the wrong type fails transformers' strict config validation
+        raise ModelError(f"{source.path / 'config.json'}: not usable ({_brief(e)})") from None
     if not _is_causal_lm_config(config):
         raise ModelError(
             f"model dir '{source.name}': {'/'.join(config.architectures or [config.model_type])} is not a "
@@ -251,7 +299,7 @@ def _auto_tokenizer(path: Path, name: str, trust_remote_code: bool):
 
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
-    except (OSError, ValueError, TypeError) as e:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # a file of the wrong shape
         raise ModelError(f"model dir '{name}': no usable tokenizer ({_first_line(e)})") from None
     return _forget_load_kwargs(tok)
 
@@ -376,6 +424,12 @@ def _load_gguf_tokenizer(source: ModelSource):
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
+
+
+def _brief(e: BaseException) -> str:
+    """The whole message on one line, cut at 300 characters (a validation error says which field on its first
+    line and what is wrong with it on the next)."""
+    return " ".join(str(e).split())[:300] or type(e).__name__
 
 
 # --------------------------------------------------------------------------- preparation

@@ -30,6 +30,7 @@ from quartet.atomic import atomic_dir
 from quartet.errors import ModelError
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import (
+    CONFIG_ERRORS,
     MINILM,
     MINILM_PACKAGE,
     MINILM_SUBDIR,
@@ -207,7 +208,7 @@ def _load_seq_cls_dir(
         model = AutoModelForSequenceClassification.from_pretrained(
             path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code, local_files_only=True
         )
-    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:
+    except (*CONFIG_ERRORS, RuntimeError, SafetensorError) as e:
         raise ModelError(
             f"reward model '{name}': cannot load a sequence classifier ({_first_line(e)})"
         ) from None

@@ -58,6 +58,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from quartet.atomic import atomic_write_text
+from quartet.config import load_yaml
 from quartet.errors import ConfigError, DataError
 from quartet.monitor.metrics import read_metrics, stage_dirs
 
@@ -788,9 +789,7 @@ def kl_target_from_config(run_dir: Path) -> float | None:
     if not path.is_file():
         return None
     try:
-        import yaml
-
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        cfg = load_yaml(path.read_text(encoding="utf-8")) or {}
     except Exception:  # a config we cannot read only costs the target-based KL check
         return None
     if isinstance(cfg, dict) and cfg.get("adaptive_kl") and isinstance(cfg.get("kl_target"), (int, float)):

@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+from quartet.atomic import write_failure
 from quartet.config import TrackingConfig
-from quartet.errors import DataError
+from quartet.errors import DataError, OutputError
 from quartet.monitor.tracking import open_trackers
 
 log = logging.getLogger("quartet")
@@ -55,34 +56,41 @@ class MetricsLogger:
         tracking.validate()
         if tensorboard is None:
             tensorboard = "tensorboard" in tracking.trackers
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
+        self._tensorboard, self._file, self._tb, self._closed = tensorboard, None, None, False
+        # the trackers start now, so one that cannot fails before any training; metrics.jsonl and tb/ are opened
+        # by the first record, so a run that fails before its first result leaves neither (quartet.outputs)
+        self._trackers = open_trackers(tracking, self.stage, self.run_dir, params)
+
+    def _open(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         needs_newline = _ends_mid_line(self.path)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         if needs_newline:  # a crash mid-write left a partial last line: start ours on a fresh one
             self._file.write("\n")
-        self._tb = None
-        try:
-            self._trackers = open_trackers(tracking, self.stage, self.run_dir, params)
-        except BaseException:
-            self._file.close()
-            raise
-        if tensorboard:
+        if self._tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(self.run_dir / "tb"), flush_secs=10)
 
     def log(self, step: int, metrics: dict) -> dict:
         """Append one record for ``step``; returns the record as written."""
-        if self._file is None:
+        if self._closed:
             raise RuntimeError("MetricsLogger.log() after close()")
         clash = [k for k in metrics if k in RESERVED]
         if clash:
             raise ValueError(f"metric names {clash} are reserved for the record header")
         values = {str(k): _to_number(v) for k, v in metrics.items()}
         record = {"stage": self.stage, "step": int(step), "time": time.time(), **values}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        try:
+            if self._file is None:
+                self._open()
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        except OSError as e:  # a full disk: one line naming the file (the lines before it are whole)
+            if (reason := write_failure(e)) is None:
+                raise
+            raise OutputError(self.path, reason) from None
         numbers = {k: float(v) for k, v in values.items() if isinstance(v, (int, float))}
         if self._tb is not None:
             for key, value in numbers.items():
@@ -92,6 +100,7 @@ class MetricsLogger:
 
     def close(self, failed: bool = False) -> None:
         """Flush and close every sink; `failed` marks the tracker runs failed (W&B, MLflow)."""
+        self._closed = True
         if self._file is not None:
             self._file.close()
             self._file = None

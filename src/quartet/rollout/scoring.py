@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from quartet.errors import ConfigError
+from quartet.judges.bounded import JUDGE_TIMEOUT
 
 
 def is_reward_model_spec(spec: str) -> bool:
@@ -52,10 +53,11 @@ class Scorer:
     """
 
     def __init__(self, spec: str, dtype: torch.dtype = torch.float32, batch_size: int = 32,
-                 autocast: torch.dtype | None = None):
+                 autocast: torch.dtype | None = None, timeout: float | None = JUDGE_TIMEOUT):
         """`autocast`: run a reward model's matmuls in this dtype (bf16 where the trainer autocasts to it),
         its linear layers stored in it (`models.precast_linears`); the other weights and the normalisation of
-        its scores stay in `dtype`."""
+        its scores stay in `dtype`. `timeout`: seconds a user's `module:function` may take per call (the
+        stage's `judge_timeout`; see quartet.judges.bounded)."""
         self.spec = spec
         self.batch_size = batch_size
         self.autocast = autocast
@@ -75,7 +77,7 @@ class Scorer:
 
             if _missing_dir(spec):
                 raise ConfigError(f"reward '{spec}': no such reward-model directory")
-            self.fn = load_reward_fn(spec)
+            self.fn = load_reward_fn(spec, timeout)
 
     def __call__(self, prompts: list, responses: list[str]) -> torch.Tensor:
         if self.reward_model is not None:

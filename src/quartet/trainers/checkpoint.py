@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import re
 import shutil
@@ -65,8 +66,13 @@ def set_rng_state(state: dict) -> None:
 
 
 # --------------------------------------------------------------------------- writing
-def save_checkpoint(run_dir: Path, iteration: int, modules: dict[str, torch.nn.Module], state: dict, keep: int) -> Path:
-    """Write checkpoints/iter-<iteration>/ atomically and prune all but the newest `keep`."""
+def save_checkpoint(run_dir: Path, iteration: int, modules: dict[str, torch.nn.Module], state: dict, keep: int,
+                    protect: Path | None = None) -> Path:
+    """Write checkpoints/iter-<iteration>/ atomically and prune all but the newest `keep` up to it.
+
+    Pruning never removes `protect` (the checkpoint a resumed run started from: the one known to read back
+    whole) nor a checkpoint newer than this one (a resumed run's predecessor got further before it stopped, and
+    the folders it left are replaced as this run reaches them, not pruned in favour of older ones)."""
     root = Path(run_dir) / "checkpoints"
     path = root / f"iter-{iteration}"
     with atomic_dir(path) as tmp:
@@ -77,9 +83,15 @@ def save_checkpoint(run_dir: Path, iteration: int, modules: dict[str, torch.nn.M
         tree = encode_state({**state, "rng": rng_state()}, tensors)
         save_file(tensors, str(tmp / STATE_TENSORS))
         (tmp / STATE_JSON).write_text(json.dumps(tree) + "\n", encoding="utf-8")
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    upto = [p for p in list_checkpoints(run_dir) if _number(p) <= iteration]
+    for old in upto[:-keep]:
+        if protect is None or old.resolve() != Path(protect).resolve():
+            shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def _number(path: Path) -> int:
+    return int(_ITER.match(path.name).group(1))
 
 
 def encode_state(obj, tensors: dict[str, torch.Tensor]):
@@ -144,10 +156,18 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def read_checkpoint(path: Path, module_names: list[str]) -> tuple[dict[str, dict], dict]:
+class InvalidState(ConfigError):
+    """A state.json that reads but holds what no Quartet run writes (a hand edit): a wrong type, an iteration out
+    of range, a missing field. Refused, not skipped for an older checkpoint: resuming from another one than the
+    files say would be a guess."""
+
+
+def read_checkpoint(path: Path, module_names: list[str], max_iteration: int | None = None,
+                    required: tuple[str, ...] = ()) -> tuple[dict[str, dict], dict]:
     """Read (module tensors by module name, training state) from `path` without applying anything.
 
-    Any missing, truncated or malformed file is a ConfigError naming it.
+    Any missing, truncated or malformed file is a ConfigError naming it; a state whose fields are wrong (see
+    `check_state`) an InvalidState naming the file and field.
     """
     path = Path(path)
     if (path / LEGACY_STATE).exists() and not (path / STATE_JSON).exists():
@@ -165,9 +185,39 @@ def read_checkpoint(path: Path, module_names: list[str]) -> tuple[dict[str, dict
         raise ConfigError(f"{file}: missing from the checkpoint") from None
     except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
         raise ConfigError(f"{file}: damaged or not a Quartet checkpoint state ({e})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("iteration"), int) or "rng" not in state:
-        raise ConfigError(f"{file}: not a Quartet checkpoint state (no iteration or RNG state)")
+    check_state(state, file, max_iteration, ("rng", *required))
     return modules, state
+
+
+def check_state(state, file: Path, max_iteration: int | None, required: tuple[str, ...]) -> None:
+    """The fields a resume relies on, in type and range: `iteration` the whole number of its folder (iter-N) and
+    at most `max_iteration` (the run's configured length), `best` a finite value and an iteration up to it, and
+    every key in `required` present. An InvalidState naming `file` and the field otherwise."""
+    if not isinstance(state, dict):
+        raise InvalidState(f"{file}: not a Quartet checkpoint state (a JSON object of the training state)")
+    for key in ("iteration", *required):
+        if key not in state:
+            raise InvalidState(f"{file}: missing field '{key}'")
+    iteration = state["iteration"]
+    if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+        raise InvalidState(f"{file}: iteration must be a whole number >= 0, got {iteration!r}")
+    folder = _ITER.match(file.parent.name)
+    if folder is not None and int(folder.group(1)) != iteration:
+        raise InvalidState(f"{file}: iteration {iteration} does not match its folder {file.parent.name}")
+    if max_iteration is not None and iteration > max_iteration:
+        raise InvalidState(f"{file}: iteration {iteration} is past the run's iterations ({max_iteration}); "
+                           f"set iterations to at least {iteration} to resume it")
+    best = state.get("best")
+    if best is not None:
+        if not isinstance(best, dict):
+            raise InvalidState(f"{file}: best must be an object with value and iteration, got {best!r}")
+        value, at = best.get("value"), best.get("iteration")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise InvalidState(f"{file}: best.value must be a finite number or null, got {value!r}")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int) or not 0 <= at <= iteration):
+            raise InvalidState(f"{file}: best.iteration must be a whole number from 0 to {iteration} or null, "
+                               f"got {at!r}")
 
 
 def _read_tensors(file: Path) -> dict[str, torch.Tensor]:
@@ -195,10 +245,12 @@ def _apply(path: Path, modules: dict[str, torch.nn.Module], tensors: dict[str, d
     return state
 
 
-def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None]) -> tuple[Path, dict]:
+def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None], max_iteration: int | None = None,
+                required: tuple[str, ...] = ()) -> tuple[Path, dict]:
     """Load the newest checkpoint that reads completely; a damaged newer one is reported and skipped.
 
-    Raises ConfigError when there is no checkpoint, or when none can be read (naming the newest's fault).
+    Raises ConfigError when there is no checkpoint, or when none can be read (naming the newest's fault), and
+    InvalidState for a state that reads but is wrong (`check_state`, with `max_iteration` and `required`).
     Checkpoints are read before anything is applied, so a damaged one leaves the modules untouched.
     """
     found = list_checkpoints(run_dir)
@@ -208,9 +260,9 @@ def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None]) -> tu
     errors = []
     for path in reversed(found):
         try:
-            tensors, state = read_checkpoint(path, list(present))
+            tensors, state = read_checkpoint(path, list(present), max_iteration, required)
         except ConfigError as e:
-            if LEGACY_STATE in str(e):
+            if LEGACY_STATE in str(e) or isinstance(e, InvalidState):
                 raise
             errors.append(e)
             log.warning("resume: skipping damaged checkpoint: %s", e)

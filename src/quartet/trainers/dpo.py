@@ -57,15 +57,19 @@ class DPOEval:
     rejected_reward: float
     chosen_logps: float
     rejected_logps: float
-    kl: float
-    """mean over `kl_samples` answers of the summed full-vocabulary KL(pi || pi_ref) per response (nan when off)"""
+    kl: float | None
+    """mean over `kl_samples` answers of the summed full-vocabulary KL(pi || pi_ref) per response; None when not
+    measured (kl_samples: 0), and then not logged at all: a NaN in its place would read as a diverged run"""
 
     def metrics(self) -> dict[str, float]:
-        return {
+        out = {
             "dpo/eval_loss": self.loss, "rewards/eval_accuracy": self.accuracy, "rewards/eval_margins": self.margin,
             "rewards/eval_chosen": self.chosen_reward, "rewards/eval_rejected": self.rejected_reward,
-            "logps/eval_chosen": self.chosen_logps, "logps/eval_rejected": self.rejected_logps, "dpo/kl": self.kl,
+            "logps/eval_chosen": self.chosen_logps, "logps/eval_rejected": self.rejected_logps,
         }  # fmt: skip
+        if self.kl is not None:
+            out["dpo/kl"] = self.kl
+        return out
 
 
 @dataclass
@@ -137,7 +141,7 @@ def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
         if not eval_pairs:
             return None
         policy = accelerator.unwrap_model(model)
-        kl = _sample_kl(policy, reference, probe, cfg, tok) if probe else math.nan
+        kl = _sample_kl(policy, reference, probe, cfg, tok) if probe else None
         return _evaluate(cfg, policy, eval_loader, accelerator.device, kl)
 
     # 3. train into a temporary run dir that replaces output_dir only when complete
@@ -250,7 +254,7 @@ def _add_reference_logps(pairs: list[_Pair], reference, policy, collate, batch_s
 
 
 @torch.no_grad()
-def _evaluate(cfg: DPOConfig, policy, loader, device, kl: float) -> DPOEval:
+def _evaluate(cfg: DPOConfig, policy, loader, device, kl: float | None) -> DPOEval:
     """The loss and implicit rewards over every held-out pair (one set, the same on every process)."""
     policy.eval()
     cols = [[], [], [], []]
@@ -355,8 +359,9 @@ def _summary(cfg: DPOConfig, result: DPOResult, n_train, n_eval, max_len, traina
             "loss (start -> end)": f"{loop.fmt(first.loss)} -> {loop.fmt(ev.loss)}",
             "reward chosen / rejected / margin": f"{ev.chosen_reward:.3f} / {ev.rejected_reward:.3f} / {ev.margin:.3f}",
             "log-prob chosen / rejected": f"{ev.chosen_logps:.2f} / {ev.rejected_logps:.2f}",
-            f"KL to the reference ({cfg.kl_samples} sampled answers)": ev.kl,
         })
+        if ev.kl is not None:
+            held[f"KL to the reference ({cfg.kl_samples} sampled answers)"] = ev.kl
     loss = {"sigmoid": "DPO (sigmoid)", "ipo": "IPO", "hinge": "SLiC hinge", "simpo": "SimPO"}[cfg.loss]
     if cfg.label_smoothing:
         loss += f", label smoothing {cfg.label_smoothing}"

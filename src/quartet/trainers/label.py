@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
-from quartet.atomic import atomic_write_text
-from quartet.config import LabelConfig, load_config, save_config, validate
+from quartet.atomic import atomic_write_files
+from quartet.config import LabelConfig, config_text, load_config, load_yaml, validate
 from quartet.data import encode_prompts, left_pad, load_prompts
 from quartet.errors import ConfigError, DataError
 from quartet.models import load_causal_lm
@@ -67,18 +68,36 @@ class LabelResult:
 
 
 def label(cfg: LabelConfig, overwrite: bool = False) -> LabelResult:
+    """Sample, judge, pair and write. `overwrite` (the CLI's --overwrite) allows nothing more: the stage replaces
+    only files it wrote, and refuses any other file at one of its paths (check_outputs)."""
     validate(cfg)
     output = Path(cfg.output)
-    check_outputs(output, overwrite)
+    check_outputs(output)
     with run_lock(output, "label.output"):
         return _label(cfg, output)
 
 
-def check_outputs(output: Path, overwrite: bool = False) -> None:
-    """Refuse to write the pairs or the answers file over a folder or a file Quartet did not write."""
-    owned = overwrite or _sidecar(output, "config.yaml").is_file()
-    check_output_file(output, owned, "label.output")
-    check_output_file(samples_path(output), owned, "label.output (its answers file)")
+def check_outputs(output: Path) -> None:
+    """Refuse to write any of the stage's files (the pairs, the answers, the config, the summary) over a folder, a
+    link, or a file Quartet did not write. They are Quartet's when the config beside the pairs is a label
+    stage's config: a user's file at one of these paths is never replaced."""
+    owned = _is_label_config(_sidecar(output, "config.yaml"))
+    for path, what in _files(output):
+        check_output_file(path, owned, f"label.output{what}")
+
+
+def _files(output: Path) -> list[tuple[Path, str]]:
+    """Every file the stage writes, and how an error names it."""
+    return [(output, ""), (samples_path(output), " (its answers file)"),
+            (_sidecar(output, "config.yaml"), " (its config)"), (_sidecar(output, "summary.md"), " (its summary)")]
+
+
+def _is_label_config(path: Path) -> bool:
+    try:
+        data = load_yaml(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and {"policy", "prompts", "judge", "output"} <= set(data)
 
 
 def samples_path(output: str | Path) -> Path:
@@ -91,7 +110,7 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     timer = loop.Timer()
     # 1. inputs first, so a bad file or judge fails before any sampling
     examples = load_prompts(cfg.prompts)
-    judge = Scorer(cfg.judge)  # reward model (any tokenizer) or reward function
+    judge = Scorer(cfg.judge, timeout=cfg.judge_timeout)  # reward model (any tokenizer) or reward function
     model, tok = load_causal_lm(cfg.policy, torch.float32)
     encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
                              cfg.prompts.chat_template, where=cfg.prompts.path)
@@ -130,11 +149,9 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
             f"{counts.empty} empty answers); lower min_gap or raise num_samples / temperature"
         )
 
-    # 3. the config (it marks the files beside it as Quartet's, so a run killed while writing them can be run
-    #    again), every answer, then the pairs (each atomically; the pairs last: they mark the stage done), a summary
-    save_config(cfg, _sidecar(output, "config.yaml"))
-    atomic_write_text(samples_path(output), _jsonl(samples))
-    atomic_write_text(output, _jsonl(rows))
+    # 3. the config (it marks the files beside it as Quartet's, so a run killed while renaming them can be run
+    #    again), every answer, the summary, then the pairs (they mark the stage done): written as one
+    #    (atomic_write_files), so a full disk leaves none of them
     gaps = [r["chosen_score"] - r["rejected_score"] for r in rows]
     result = LabelResult(output, counts, statistics.fmean(all_scores), statistics.fmean(gaps), timer.seconds,
                          summary=_sidecar(output, "summary.md"))
@@ -161,7 +178,8 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
                        "next": f"quartet rm data.path={output}"},
         },
     )
-    atomic_write_text(result.summary, summary)
+    atomic_write_files({_sidecar(output, "config.yaml"): config_text(cfg), samples_path(output): _jsonl(samples),
+                        result.summary: summary, output: _jsonl(rows)})
     _report(cfg, result)
     print(summary)
     return result

@@ -26,10 +26,9 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
-from quartet.atomic import atomic_dir
 from quartet.config import OptimConfig
 from quartet.errors import ConfigError, DataError
-from quartet.outputs import check_output_dir, run_lock, run_stage, write_marker
+from quartet.outputs import staged_output
 
 log = logging.getLogger("quartet")
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
@@ -99,10 +98,7 @@ def run_dir(output_dir: str, accelerator: Accelerator, stage: str, overwrite: bo
     output rule of `quartet.outputs`; on other processes of a multi-process launch a scratch dir that
     is thrown away."""
     if accelerator.is_main_process:
-        path = check_output_dir(output_dir, stage, overwrite)
-        foreign = path.is_dir() and run_stage(path) != stage and any(path.iterdir())
-        with run_lock(path, f"{stage}.output_dir"), atomic_dir(path, merge=foreign) as tmp:
-            write_marker(tmp, stage)
+        with staged_output(output_dir, stage, overwrite) as tmp:
             yield tmp
             accelerator.wait_for_everyone()
     else:

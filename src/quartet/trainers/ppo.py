@@ -46,7 +46,7 @@ from quartet.algo import (
 )
 from quartet.atomic import atomic_write_text, remove_stale_temporaries
 from quartet.config import PPO_PRESETS as PRESETS
-from quartet.config import PPOConfig, load_config, save_config, to_dict
+from quartet.config import PPOConfig, load_config, save_config, to_dict, validate
 from quartet.errors import ConfigError, QuartetError
 from quartet.models.lean_ops import apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
@@ -62,7 +62,11 @@ from quartet.trainers.ppo_roles import build_roles
 
 log = logging.getLogger("quartet")
 # a resumed run may change these; anything else would make it a different run than the one it continues
-RESUMABLE_CHANGES = ("iterations", "save_every", "keep_checkpoints", "stop_on")
+# (judge_timeout only bounds how long a reward may think: a run stopped by it resumes with a longer one; the
+# prompts' max_line_mb only bounds reading, and a run saved before the field existed has none)
+RESUMABLE_CHANGES = ("iterations", "save_every", "keep_checkpoints", "stop_on", "judge_timeout", "prompts.max_line_mb")
+# what `save_checkpoint` stores besides the iteration; a resume refuses a state.json without one of them
+STATE_FIELDS = ("optimizer", "scheduler", "kl_ctl", "moments", "best")
 
 
 class NonFiniteWeights(QuartetError):
@@ -83,8 +87,10 @@ class PPOTrainer:
     """`PPOTrainer(cfg).train()`; `step(iteration)` runs one iteration and returns its metrics."""
 
     def __init__(self, cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False):
-        cfg.validate()
+        validate(cfg)  # the whole tree (optim, lora, generation, prompts), as SFT and DPO do, not PPOConfig alone
         self.cfg, self.progress, self.start_iteration = cfg, progress, 0
+        self.resumed_from: Path | None = None
+        """the checkpoint this run resumed from: never pruned while the run goes on (checkpoint.save_checkpoint)"""
         self.run_dir = Path(cfg.output_dir)
         self.accelerator = loop.make_accelerator(cfg.precision, grad_accum=1)  # accumulation is done by hand
         self.main = self.accelerator.is_main_process
@@ -187,15 +193,9 @@ class PPOTrainer:
         engine.record_logprobs = self.experience.reuse_sampling_logprobs = (
             cfg.reuse_sampling_logprobs and isinstance(engine, HFEngine) and engine.dtype == torch.float32
             and not policy.shared_critic and policy.trunk is None and not sharded)
+        self.resumed, self._config_changed, self._output_started = resume, False, False
         if resume:
             self._resume()
-        elif self.main:  # a fresh run; lines a crashed earlier attempt logged before any checkpoint go
-            from quartet.monitor.samples import truncate_after
-
-            save_config(cfg, self.run_dir / "config.yaml")
-            write_marker(self.run_dir, "ppo")
-            for name in ("metrics.jsonl", "samples.jsonl"):
-                truncate_after(self.run_dir / name, "ppo", 0)
 
     def _share_prefixes(self, policy) -> bool:
         """Which forwards run the rows' shared prompt prefix once (models/prefix.py): each model where the probe
@@ -412,6 +412,7 @@ class PPOTrainer:
             for iteration in bar:
                 metrics = self.step(iteration)
                 if self.main:
+                    self._start_output()
                     logger.log(iteration, metrics)
                     append_samples(self.run_dir, self._last_samples)
                     if not self.sharded:  # a best copy would hold this process's shard only
@@ -434,6 +435,8 @@ class PPOTrainer:
     def _finish(self, iteration: int, metrics: dict, stopped_by: str | None) -> PPOResult:
         from quartet.models import save_critic, save_model, save_value_head
 
+        if self.main:
+            self._start_output()  # a resumed run that had no iteration left to run
         if not self.sharded:  # sharded: no checkpoints (refused at start-up); the final model below is full
             self.save_checkpoint(iteration)
         policy = self.accelerator.unwrap_model(self.model)
@@ -465,7 +468,7 @@ class PPOTrainer:
         self.accelerator.wait_for_everyone()
         path = None
         if self.main:
-            state = {
+            state = {  # STATE_FIELDS
                 "iteration": iteration,
                 "optimizer": self.optimizer.state_dict(),
                 "scheduler": self.scheduler.state_dict(),
@@ -474,21 +477,38 @@ class PPOTrainer:
                 "best": self.best.state_dict(),
             }
             modules = {"policy": self.accelerator.unwrap_model(self.model)}
-            path = ckpt.save_checkpoint(self.run_dir, iteration, modules, state, self.cfg.keep_checkpoints)
+            path = ckpt.save_checkpoint(self.run_dir, iteration, modules, state, self.cfg.keep_checkpoints,
+                                        protect=self.resumed_from)
             self.best.prune()
         self.accelerator.wait_for_everyone()
         return path
 
-    def _resume(self) -> None:
+    def _start_output(self) -> None:
+        """Write what a run writes before its metrics, once the first iteration has a result: the config and the
+        marker, and the records a crashed attempt logged after the iteration this run starts from dropped (from
+        metrics.jsonl and samples.jsonl alike). Nothing is written before, so a run that fails before its first
+        result (a reward that raises on its first call) leaves the output folder as it was, or absent."""
         from quartet.monitor.samples import truncate_after
 
+        if self._output_started:
+            return
+        self._output_started = True
+        if not self.resumed or self._config_changed:  # a resume records its allowed changes
+            save_config(self.cfg, self.run_dir / "config.yaml")
+        write_marker(self.run_dir, "ppo")
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            truncate_after(self.run_dir / name, "ppo", self.start_iteration)
+
+    def _resume(self) -> None:
         # the checkpoint first: an unreadable or pickled one is the thing to say, whatever the settings
-        path, state = ckpt.load_latest(self.run_dir, {"policy": self.accelerator.unwrap_model(self.model)})
+        path, state = ckpt.load_latest(self.run_dir, {"policy": self.accelerator.unwrap_model(self.model)},
+                                       max_iteration=self.cfg.iterations, required=STATE_FIELDS)
+        self.resumed_from = path
         changed = ckpt.check_resume_config(self.run_dir / "config.yaml", to_dict(self.cfg), RESUMABLE_CHANGES,
                                            schedule_decays=self.cfg.optim.schedule != "constant", where="ppo --resume")
         if changed and self.main:
             log.info("ppo --resume: %s (recorded in config.yaml)", changed)
-            save_config(self.cfg, self.run_dir / "config.yaml")
+            self._config_changed = True
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -499,9 +519,6 @@ class PPOTrainer:
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             raise ConfigError(f"{path / ckpt.STATE_JSON}: does not fit this run's optimizer or controllers ({e})") from None
         self.start_iteration = int(state["iteration"])
-        if self.main:
-            for name in ("metrics.jsonl", "samples.jsonl"):  # drop what was logged after the checkpoint
-                truncate_after(self.run_dir / name, "ppo", self.start_iteration)
         log.info("ppo: resumed from %s (iteration %d)", path, self.start_iteration)
 
 

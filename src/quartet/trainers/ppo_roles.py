@@ -134,12 +134,12 @@ def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Ro
         disable_dropout(reference)
     if reference is not None:  # it only runs under that autocast
         precast_linears(reference, compute)
-    scorer = Scorer(cfg.reward, autocast=compute)  # as the trainer's own forwards
-    gold = Scorer(cfg.gold) if cfg.gold else None
+    scorer = Scorer(cfg.reward, autocast=compute, timeout=cfg.judge_timeout)  # as the trainer's own forwards
+    gold = Scorer(cfg.gold, timeout=cfg.judge_timeout) if cfg.gold else None
     monitors = {}
     for name, spec in cfg.monitor_judges.items():
         try:
-            monitors[name] = Scorer(spec)
+            monitors[name] = Scorer(spec, timeout=cfg.judge_timeout)
         except ConfigError as e:
             raise ConfigError(f"ppo.monitor_judges.{name}: {e}") from None
     critic = None

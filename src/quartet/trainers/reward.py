@@ -37,6 +37,7 @@ from quartet.errors import DataError, ModelError
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
 from quartet.models.loading import check_context
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
+from quartet.outputs import check_output_dir
 from quartet.rollout.engine import make_engine
 from quartet.trainers import loop, sharding
 
@@ -76,6 +77,7 @@ class RewardResult:
 
 def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
     validate(cfg)
+    check_output_dir(cfg.output_dir, "rm", overwrite)  # before any work (checked again when it is written)
     loop.seed_everything(cfg.seed)
     # 1. inputs first: data, margins, model, tokens -- all before the run dir is touched
     pairs = load_preferences(cfg.data)

@@ -23,6 +23,7 @@ from quartet.data import IGNORE_INDEX, encode_sft, load_sft, right_pad
 from quartet.errors import DataError
 from quartet.models import apply_lora, load_causal_lm, precast_lora_base, save_model
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
+from quartet.outputs import check_output_dir
 from quartet.trainers import loop, sharding
 
 log = logging.getLogger("quartet")
@@ -46,6 +47,7 @@ class SFTResult:
 
 def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
     validate(cfg)
+    check_output_dir(cfg.output_dir, "sft", overwrite)  # before any work (checked again when it is written)
     loop.seed_everything(cfg.seed)
     # 1. everything the user controls is read and checked before the run dir is touched
     examples = load_sft(cfg.data)
