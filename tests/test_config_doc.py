@@ -64,7 +64,7 @@ def test_the_config_command_offers_every_stage_that_reads_a_config():
 
 def test_field_docs_are_the_strings_under_the_fields_in_the_source():
     docs = field_docs(OptimConfig)
-    assert docs["lr"] == "peak learning rate (AdamW)"
+    assert docs["lr"].startswith("peak learning rate (AdamW); null = the stage's default for full fine-tuning")
     assert list(docs) == [f.name for f in dataclasses.fields(OptimConfig)]
     # a docstring wrapped over lines in the source reads as one paragraph
     assert field_docs(PPOConfig)["tis_cap"].startswith("truncated importance sampling: weight each token's policy "
@@ -135,8 +135,8 @@ def test_config_prints_each_field_with_type_default_and_docstring():
     out = run("config", "rloo")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    at = lines.index("optim.lr: float = 1.0e-05")
-    assert lines[at + 1].strip() == "peak learning rate (AdamW)"
+    at = lines.index("optim.lr: float | None = null")  # filled in at validation: 1e-5, or 1e-4 with LoRA
+    assert lines[at + 1].strip().startswith("peak learning rate (AdamW); null = the stage's default")
     assert "advantage: Literal[" in out.stdout and "'remax'] = rloo" in out.stdout  # the preset's default
     assert "optim: OptimConfig" in lines and "lora.r: int = 16" in lines
 
@@ -159,4 +159,4 @@ def test_write_refuses_an_existing_file_unless_overwrite(tmp_path):
 def test_docs_config_md_is_generated_from_the_docstrings():
     committed = (ROOT / "docs" / "config.md").read_text(encoding="utf-8")
     assert committed == markdown(), f"docs/config.md is stale: run `{REGENERATE}` and commit it"
-    assert "| `optim.lr` | `float` | `1.0e-05` | peak learning rate (AdamW) |" in committed
+    assert "| `optim.lr` | `float \\| None` | `null` | peak learning rate (AdamW); null = the stage's default" in committed

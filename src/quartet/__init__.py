@@ -4,17 +4,31 @@ __version__ = "0.1.0"
 
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
 
-__all__ = ["ConfigError", "DPOConfig", "DataError", "ModelError", "PPOConfig", "PPOTrainer", "QuartetError",
-           "__version__", "train_dpo"]
+__all__ = ["Callback", "ConfigError", "DPOConfig", "DPOTrainer", "DataError", "GRPOConfig", "GRPOTrainer",
+           "LabelConfig", "ModelError", "PPOConfig", "PPOTrainer", "QuartetError", "RLOOConfig", "RLOOTrainer",
+           "RewardConfig", "RewardTrainer", "SFTConfig", "SFTTrainer", "TrainerControl", "TrainerState",
+           "__version__", "evaluate", "label", "quiet_third_party", "run_pipeline", "train_dpo"]
 
-_LAZY = {"PPOTrainer": "quartet.trainers.ppo", "PPOConfig": "quartet.config", "DPOConfig": "quartet.config",
-         "train_dpo": "quartet.trainers.dpo"}
+# the trainers are the Python API's (quartet.api): they take objects and dicts, then run the CLI's path
+_LAZY = {
+    **dict.fromkeys(["SFTTrainer", "RewardTrainer", "DPOTrainer", "PPOTrainer", "GRPOTrainer", "RLOOTrainer",
+                     "label", "evaluate", "run_pipeline"], "quartet.api"),
+    **dict.fromkeys(["SFTConfig", "LabelConfig", "RewardConfig", "DPOConfig", "PPOConfig", "GRPOConfig",
+                     "RLOOConfig"], "quartet.config"),
+    **dict.fromkeys(["Callback", "TrainerControl", "TrainerState"], "quartet.trainers.callbacks"),
+    "train_dpo": "quartet.trainers.dpo",
+    "quiet_third_party": "quartet.quiet",
+}
 
 
 def __getattr__(name: str):
-    """`quartet.PPOTrainer`, `quartet.train_dpo` and their configs without importing torch at `import quartet`."""
+    """`quartet.PPOTrainer`, `quartet.train_dpo` and the rest without importing torch at `import quartet`."""
     if name in _LAZY:
         import importlib
 
+        from quartet.quiet import quiet_by_default
+
+        if name != "quiet_third_party":
+            quiet_by_default()  # the API is as quiet as the CLI without -v, unless the user chose first
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'quartet' has no attribute {name!r}")

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
-from quartet.errors import ConfigError, OutputError
+from quartet.errors import ConfigError, OutputError, QuartetError
 
 # errors that can only mean "the disk cannot take this output", whatever was being done: one `error:` line, not a
 # traceback. (A folder that refuses writes, EACCES / EPERM, is found at start-up: quartet.outputs; those errnos
@@ -131,10 +131,21 @@ def atomic_dir(path: str | os.PathLike, replace: Collection[str] | None = None) 
             inner = Path(e.path)
             raise OutputError(path / inner.relative_to(tmp) if inner.is_relative_to(tmp) else inner,
                               e.reason) from None
+        if isinstance(e, QuartetError) and str(tmp) in str(e):  # a check inside the block named the temporary
+            raise _renamed(e, str(tmp), str(path)) from None
         reason = write_failure(e)
         if reason is None:
             raise
         raise OutputError(path, reason) from None
+
+
+def _renamed(error: QuartetError, old: str, new: str) -> BaseException:
+    """`error` with `old` (a temporary folder's name) replaced by `new` (the output's) in its message; the error
+    itself where its type does not take a bare message."""
+    try:
+        return type(error)(str(error).replace(old, new))
+    except TypeError:
+        return error
 
 
 def _ordinary_modes(root: Path) -> None:

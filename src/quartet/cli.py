@@ -15,6 +15,7 @@ import sys
 
 from quartet.atomic import write_failure
 from quartet.errors import QuartetError
+from quartet.quiet import quiet_third_party
 
 STAGES = {
     # name: (module:function, help)
@@ -45,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="RLHF the InstructGPT way, visible on a laptop CPU: SFT -> preferences -> reward model -> PPO.",
     )
     parser.add_argument("--version", action="version", version=f"quartet {_version()}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log debug details, and show the warnings and progress bars of the libraries underneath "
+                             "(transformers, peft, accelerate, torch)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in STAGES.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -110,14 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     target, _ = STAGES[args.command]
     module_name, func_name = target.split(":")
-    try:
-        module = importlib.import_module(module_name)
-        func = getattr(module, func_name)
-    except (ImportError, AttributeError) as e:
-        if not (e.name or "").startswith("quartet") and not isinstance(e, AttributeError):
-            raise
-        print(f"error: `quartet {args.command}` is not yet available in this version", file=sys.stderr)
-        return 3
+    # every stage's module ships with the package: an ImportError here is a bug to see whole, not a message
+    func = getattr(importlib.import_module(module_name), func_name)
+    quiet_third_party(args.verbose)  # after the import: the stage's modules are loaded, so this costs nothing
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         from quartet.allocator import retain_freed_memory

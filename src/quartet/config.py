@@ -96,8 +96,9 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    lr: float = 1e-5
-    """peak learning rate (AdamW)"""
+    lr: float | None = None
+    """peak learning rate (AdamW); null = the stage's default for full fine-tuning or, with LoRA on, for LoRA
+    (config.LR_DEFAULTS), resolved when the config is validated and written into the run's config.yaml"""
     weight_decay: float = 0.0
     """AdamW weight decay"""
     adam_eps: float = 1e-8
@@ -110,12 +111,35 @@ class OptimConfig:
     """clip the gradient norm (PPO with a separate critic: each role's by its own); null disables"""
 
     def validate(self, where: str) -> None:
-        _positive(self.lr, f"{where}.lr")
+        if self.lr is not None:  # null: the stage fills it in (resolve_lr)
+            _positive(self.lr, f"{where}.lr")
         _non_negative(self.weight_decay, f"{where}.weight_decay")
         _positive(self.adam_eps, f"{where}.adam_eps")
         _non_negative(self.warmup_steps, f"{where}.warmup_steps")
         if self.max_grad_norm is not None:
             _positive(self.max_grad_norm, f"{where}.max_grad_norm")
+
+
+LR_DEFAULTS: dict[str, tuple[float, float]] = {
+    "sft": (5e-5, 2e-4),
+    "rm": (2e-5, 1e-4),
+    "dpo": (1e-6, 1e-5),
+    "ppo": (1e-5, 1e-4),
+}
+"""each stage's `optim.lr` when the user sets none: (full fine-tuning, LoRA). A LoRA adapter starts at zero and
+trains a few low-rank directions, so it takes 4-10x the full fine-tune's rate (Hu et al. 2021 use 2e-4 and up,
+QLoRA 1e-4 to 2e-4); at the full rate it barely moves in a short run"""
+
+
+def resolve_lr(optim: OptimConfig, lora: LoraConfig, stage: str) -> None:
+    """Fill in `optim.lr` left null from LR_DEFAULTS; a value the user set is kept."""
+    if optim.lr is None:
+        optim.lr = LR_DEFAULTS[stage][1 if lora.enabled else 0]
+
+
+def largest_divisor_upto(n: int, cap: int) -> int:
+    """The largest divisor of `n` that is at most `cap` (n = 12, cap = 8: 6)."""
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
 @dataclass
@@ -206,8 +230,8 @@ class SFTConfig:
     """micro-batches per optimizer step"""
     max_seq_len: int = 512
     """prompt + completion tokens; longer rows are truncated (completion end cut) and counted"""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-5, warmup_steps=10, schedule="cosine"))
-    """optimizer and schedule"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(warmup_steps=10, schedule="cosine"))
+    """optimizer and schedule; optim.lr unset: 5e-5, or 2e-4 with LoRA (LR_DEFAULTS)"""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA instead of full fine-tuning"""
     precision: Precision = "auto"
@@ -222,6 +246,7 @@ class SFTConfig:
     """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "sft") -> None:
+        resolve_lr(self.optim, self.lora, "sft")
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
         _positive(self.epochs, f"{where}.epochs")
         if self.max_steps is not None:
@@ -288,8 +313,8 @@ class RewardConfig:
     """micro-batches per optimizer step"""
     max_seq_len: int = 512
     """prompt + response tokens for the reward model"""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5, warmup_steps=10))
-    """optimizer and schedule"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(warmup_steps=10))
+    """optimizer and schedule; optim.lr unset: 2e-5, or 1e-4 with LoRA (LR_DEFAULTS)"""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA on the backbone (the head is always trained)"""
     margin: bool = False
@@ -320,6 +345,7 @@ class RewardConfig:
     """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "rm") -> None:
+        resolve_lr(self.optim, self.lora, "rm")
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
         _positive(self.epochs, f"{where}.epochs")
         if self.max_steps is not None:
@@ -361,8 +387,8 @@ class DPOConfig:
     """assumed share of flipped labels (conservative DPO); sigmoid and simpo only"""
     simpo_gamma: float = 0.5
     """SimPO's target margin gamma inside the sigmoid (loss: simpo only)"""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-6, warmup_steps=10))
-    """optimizer and schedule"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(warmup_steps=10))
+    """optimizer and schedule; optim.lr unset: 1e-6, or 1e-5 with LoRA (LR_DEFAULTS)"""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA policy; the reference is then the adapter-disabled base (no second copy)"""
     precision: Precision = "auto"
@@ -381,6 +407,7 @@ class DPOConfig:
     """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
     def validate(self, where: str = "dpo") -> None:
+        resolve_lr(self.optim, self.lora, "dpo")
         _in_range(self.eval_fraction, 0.0, 0.9, f"{where}.eval_fraction")
         _positive(self.epochs, f"{where}.epochs")
         if self.max_steps is not None:
@@ -433,8 +460,10 @@ class PPOConfig:
     samples_per_prompt: int = 1
     """G: responses sampled per prompt (>= 2 for the group estimators)"""
     critic: Literal["shared", "separate", "none"] | None = None
-    """value head on the Actor's backbone ("shared"), a separate model ("separate"), or none; default:
-    separate for gae, none for the critic-free estimators"""
+    """value head on the Actor's backbone ("shared"), a separate model ("separate"), or none; null: none for the
+    critic-free estimators, and for gae shared when LoRA is on (the value head trains on the LoRA actor's
+    backbone: no second model, whose weights would all be trained) unless critic_init names a separate one's
+    weights, else separate"""
     critic_init: str | None = None
     """separate Critic's starting weights; default: the reward model when it is one, else the policy"""
     prompts: DataConfig = field(default_factory=lambda: DataConfig(path="task:positive-review/train"))
@@ -442,13 +471,19 @@ class PPOConfig:
     output_dir: str = "runs/ppo"
     """run directory: config, metrics, checkpoints, final model"""
     iterations: int = 50
-    """PPO iterations (rollout + update)"""
+    """PPO iterations (rollout + update). `--resume iterations=N` extends a run (N above the iterations it has):
+    the LR schedule is rebuilt over N iterations and continues from the optimizer step reached, so the steps left
+    follow the schedule a run of N iterations has there (a finished linear decay, lr 0 at its end, goes on from
+    the lr an N-iteration run has at that step, e.g. half the peak at 2 of 4 iterations, down to 0 at N); the
+    change is recorded at the top of config.yaml (extended_from) and in summary.md"""
     rollout_batch_size: int = 16
     """prompts sampled per iteration (each gets samples_per_prompt responses)"""
-    minibatch_size: int = 8
-    """sequences per optimizer step"""
-    micro_batch_size: int = 8
-    """sequences per forward/backward; minibatch_size / micro_batch_size = gradient accumulation"""
+    minibatch_size: int | None = None
+    """sequences per optimizer step; null: the largest divisor of the sequences per iteration (rollout_batch_size
+    x samples_per_prompt) up to 8 (16 -> 8, 12 -> 6, 4 -> 4)"""
+    micro_batch_size: int | None = None
+    """sequences per forward/backward; minibatch_size / micro_batch_size = gradient accumulation; null: the largest
+    divisor of minibatch_size up to 8"""
     ppo_epochs: int = 4
     """passes over each rollout batch"""
     generation: GenerationConfig = field(default_factory=GenerationConfig)
@@ -493,8 +528,9 @@ class PPOConfig:
     """clip (normalised) scores to [-c, c]"""
     missing_eos_penalty: float | None = None
     """subtract this from the score of responses that never emitted EOS"""
-    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5, adam_eps=1e-5, warmup_steps=0))
-    """actor optimizer and schedule"""
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(adam_eps=1e-5, warmup_steps=0))
+    """actor optimizer and schedule; optim.lr unset: 1e-5, or 1e-4 with LoRA (LR_DEFAULTS). A resume that changes
+    `iterations` rebuilds the schedule over the new length from the step reached (see `iterations`)"""
     critic_lr: float | None = None
     """separate critic's learning rate (default: optim.lr)"""
     critic_warmup: int = 0
@@ -527,19 +563,37 @@ class PPOConfig:
     same. SmolLM2 separate critic, fp32, 16 x 96 tokens: old log-probs + values 3.7 -> 1.6 s per iteration (the
     critic's forward only); recorded log-probs within 1e-5 nats of the actor's forward (tested)"""
     save_every: int = 0
-    """checkpoint every N iterations (0 = only at the end)"""
+    """checkpoint every N iterations and at the end, for --resume; 0 = no checkpoints (and no best copies unless
+    best_metric is set): the run can be neither resumed nor extended"""
     keep_checkpoints: int = 2
     """how many of the newest checkpoints to keep on disk"""
     stop_on: list = field(default_factory=list)
     """doctor rule names that end the run cleanly when they fire"""
-    best_metric: str = "objective/score"
-    """metric that picks the best checkpoint kept when a run is stopped (highest wins); one of `logged_metrics`"""
+    best_metric: str | None = None
+    """metric that picks the best iteration (highest wins), whose weights are kept (checkpoints/best-N) and saved
+    as best/ at the end when it is not the last; one of `logged_metrics`, or "none"; null: objective/score when
+    save_every > 0, none when it is 0"""
     seed: int = 0
     """everything random is seeded from this"""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """experiment trackers this stage reports to (W&B, MLflow, trackio, TensorBoard)"""
 
+    def resolve_auto(self) -> None:
+        """Fill in the fields left null for their defaults that follow other fields (optim.lr, critic,
+        minibatch_size, micro_batch_size, best_metric); `validate` calls it first, so the run's config.yaml holds
+        the values used. A value the user set is kept."""
+        resolve_lr(self.optim, self.lora, "ppo")
+        self.critic = self.critic_kind
+        # sizes that follow a size that is not positive stay unset: validate names the one that is wrong
+        if self.minibatch_size is None and self.sequences_per_iteration > 0:
+            self.minibatch_size = largest_divisor_upto(self.sequences_per_iteration, 8)
+        if self.micro_batch_size is None and self.minibatch_size is not None and self.minibatch_size > 0:
+            self.micro_batch_size = largest_divisor_upto(self.minibatch_size, 8)
+        if self.best_metric is None:
+            self.best_metric = "objective/score" if self.save_every else "none"
+
     def validate(self, where: str = "ppo") -> None:
+        self.resolve_auto()
         for name in ("iterations", "rollout_batch_size", "minibatch_size", "micro_batch_size", "ppo_epochs",
                      "samples_per_prompt"):
             _positive(getattr(self, name), f"{where}.{name}")
@@ -587,7 +641,7 @@ class PPOConfig:
                 raise ConfigError(f"{where}.monitor_judges: name {name!r} must be an identifier (it becomes rollout/<name>)")
             if not isinstance(spec, str) or not spec:
                 raise ConfigError(f"{where}.monitor_judges.{name}: must be a judge spec string, got {spec!r}")
-        if self.best_metric not in self.logged_metrics:  # else no iteration would ever count as the best
+        if self.best_metric != "none" and self.best_metric not in self.logged_metrics:  # else none would be the best
             raise ConfigError(f"{where}.best_metric: {self.best_metric!r} is not a metric this run logs (choose from "
                               f"{', '.join(sorted(self.logged_metrics))})")
         if self.judge_timeout is not None:
@@ -630,10 +684,12 @@ class PPOConfig:
 
     @property
     def critic_kind(self) -> str:
-        """"shared", "separate" or "none", with the estimator's default filled in"""
+        """"shared", "separate" or "none", with the default filled in (the `critic` docstring's rule)"""
         if self.critic is not None:
             return self.critic
-        return "separate" if ESTIMATORS[self.advantage].needs_critic else "none"
+        if not ESTIMATORS[self.advantage].needs_critic:
+            return "none"
+        return "shared" if self.lora.enabled and self.critic_init is None else "separate"
 
     @property
     def whiten(self) -> bool:
@@ -673,6 +729,20 @@ PPO_PRESETS: dict[str, dict] = {
         "ppo_epochs": 1, "output_dir": "runs/rloo",
     },
 }
+
+
+def _preset_config(name: str, doc: str) -> type:
+    """PPOConfig with `PPO_PRESETS[name]` as its defaults: a subclass, so everything that takes a PPOConfig takes
+    it, and any field (output_dir included) is set the usual way, `GRPOConfig(output_dir=...)`."""
+    hints = typing.get_type_hints(PPOConfig)
+    fields = [(key, hints[key], field(default=value)) for key, value in PPO_PRESETS[name].items()]
+    cls = dataclasses.make_dataclass(f"{name.upper()}Config", fields, bases=(PPOConfig,), namespace={"__doc__": doc})
+    cls.__module__ = __name__
+    return cls
+
+
+GRPOConfig = _preset_config("grpo", "PPOConfig with GRPO's defaults (Shao et al. 2024; PPO_PRESETS['grpo']).")
+RLOOConfig = _preset_config("rloo", "PPOConfig with RLOO's defaults (Ahmadian et al. 2024; PPO_PRESETS['rloo']).")
 
 
 # --------------------------------------------------------------------------- validation helpers
@@ -725,12 +795,23 @@ def from_dict(cls: type, data: Any, where: str = ""):
             close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (known keys: {', '.join(names)})"
             raise ConfigError(f"{path}: unknown key{hint}")
-        kwargs[key] = _coerce(hints[key], value, path, _allows_non_finite(cls, key))
+        kwargs[key] = _coerce(hints[key], _over_field_default(cls, key, value), path, _allows_non_finite(cls, key))
     try:
         obj = cls(**kwargs)
     except TypeError as e:  # a required field without default
         raise ConfigError(f"{where or cls.__name__}: {e}") from None
     return obj
+
+
+def _over_field_default(cls: type, name: str, value):
+    """A section given in part (a mapping) keeps its field's own defaults for the rest: `optim: {lr: 0.01}` in an
+    SFT config keeps SFT's warmup and cosine schedule, not OptimConfig's class defaults."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    if isinstance(value, dict) and f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+        if dataclasses.is_dataclass(default):
+            return merge(to_dict(default), value)
+    return value
 
 
 _YAML11_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -955,7 +1036,9 @@ def load_config(cls: type, path: str | Path | None = None, overrides: list[str] 
 
 def validate(cfg, where: str | None = None) -> None:
     """Check the tree of dataclasses: every field's type and finiteness (as `from_dict` does for YAML),
-    every `seed` in numpy's range, then every ``validate(where)``, outermost last."""
+    every `seed` in numpy's range, then every ``validate(where)``, outermost last. A stage's `validate` first fills
+    in the defaults that follow other fields (`resolve_lr`, `PPOConfig.resolve_auto`), so the config it leaves, and
+    the config.yaml a run writes of it, holds the values used."""
     hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
@@ -971,8 +1054,9 @@ def validate(cfg, where: str | None = None) -> None:
         check(where) if where else check()
 
 
-def save_config(cfg, path: str | Path) -> Path:
-    return atomic_write_text(path, config_text(cfg))
+def save_config(cfg, path: str | Path, notes: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write `cfg` as YAML, `notes` above it as comments (a resumed run's record of what it changed)."""
+    return atomic_write_text(path, "".join(f"# {n}\n" for n in notes) + config_text(cfg))
 
 
 def config_text(cfg) -> str:

@@ -33,7 +33,7 @@ from quartet.config import (
     RewardConfig,
     SFTConfig,
     TrackingConfig,
-    load_config,
+    from_dict,
 )
 from quartet.errors import ConfigError
 from quartet.pipeline import PipelineConfig, wire
@@ -91,10 +91,12 @@ def field_docs(cls: type) -> dict[str, str]:
 
 
 def default_config(stage: str):
-    """The config `quartet <stage>` builds from an empty file (`quartet run`: before the stages are wired)."""
+    """The config `quartet <stage>` builds from an empty file (`quartet run`: before the stages are wired), before
+    validation fills in the defaults that follow other settings: those show as null, as a user leaves them (a
+    starter file holding 1e-5 for optim.lr would keep it when LoRA is turned on)."""
     if stage == "run":
         return PipelineConfig()
-    return load_config(STAGES[stage], defaults=PPO_PRESETS.get(stage))
+    return from_dict(STAGES[stage], PPO_PRESETS.get(stage) or {})
 
 
 def settings(stage: str) -> list[Setting]:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quartet.algo.estimators import get_estimator
 from quartet.atomic import atomic_write_text
 from quartet.config import (
     DPOConfig,
@@ -34,10 +35,13 @@ from quartet.config import (
     save_config,
     validate,
 )
-from quartet.errors import ConfigError, QuartetError
+from quartet.errors import ConfigError
+from quartet.models.card import add_eval
 from quartet.monitor.report import write_report
 from quartet.monitor.tracking import PipelineTracking
 from quartet.outputs import check_output_dir, write_marker
+from quartet.preflight import check_inputs as check_stage_inputs
+from quartet.preflight import stage_inputs
 from quartet.tasks import get_task, list_tasks
 
 
@@ -209,55 +213,18 @@ def _label_answers_fit(cfg: PipelineConfig) -> bool:
 def check_inputs(cfg: PipelineConfig) -> None:
     """Every input the configured stages will read, checked before the first stage starts, so a typo in
     the last stage does not cost the hours of the first ones: model names and dirs (config.json and
-    weight headers), data paths (files, task names and splits), reward and judge specs (task names,
-    `module:function` imports, trained reward-model dirs), and each stage's output (not a user's folder
-    or file). What an earlier stage of this run writes is taken on trust. Errors name the config key."""
-    from quartet.data.readers import check_data_path
-    from quartet.models import resolve_model
-    from quartet.rollout.scoring import check_reward_spec
-
+    weight headers), data (files, task names and splits, and every row with the fields its stage reads),
+    reward and judge specs (task names, `module:function` imports, trained reward-model dirs), each with the
+    stage's own check (quartet.preflight), and each stage's output (not a user's folder or file). What an
+    earlier stage of this run writes is taken on trust. Errors name the config key."""
     check_output_dir(cfg.output_dir, "pipeline", overwritable=False)  # the folder around the stages' first
     made: set[str] = set()  # outputs of the stages that run before the one being checked
-
-    def check(where: str, fn, value) -> None:
-        if value is None or (isinstance(value, str) and os.path.normpath(value) in made):
-            return
-        try:
-            fn(value)
-        except QuartetError as e:
-            raise type(e)(f"{where}: {e}") from None
-
-    def data(where: str, dcfg) -> None:
-        check(where, check_data_path, dcfg.path if dcfg is not None else None)
 
     for stage in STAGE_ORDER:
         if stage not in cfg.stages:
             continue
         sub = getattr(cfg, stage)
-        if stage == "sft":
-            check("sft.model", resolve_model, sub.model)
-            data("sft.data.path", sub.data)
-            data("sft.eval_data.path", sub.eval_data)
-        elif stage == "label":
-            check("label.policy", resolve_model, sub.policy)
-            data("label.prompts.path", sub.prompts)
-            check("label.judge", check_reward_spec, sub.judge)
-        elif stage == "rm":
-            check("rm.model", resolve_model, sub.model)
-            data("rm.data.path", sub.data)
-            data("rm.eval_data.path", sub.eval_data)
-            check("rm.normalize_policy", resolve_model, sub.normalize_policy or None)
-            check("rm.normalize_responses", check_data_path, sub.normalize_responses)
-            data("rm.normalize_prompts.path", sub.normalize_prompts)
-        elif stage in ("ppo", "dpo"):
-            for key in ("policy", "reference", "critic_init"):
-                check(f"{stage}.{key}", resolve_model, getattr(sub, key, None))
-            for key in ("reward", "gold"):
-                check(f"{stage}.{key}", check_reward_spec, getattr(sub, key, None))
-            for key in ("prompts", "data", "eval_data"):
-                data(f"{stage}.{key}.path", getattr(sub, key, None))
-        elif stage == "eval":
-            check("eval.prompts", check_data_path, sub.prompts)
+        check_stage_inputs(stage_inputs(stage, sub), skip=made)
         # where it writes: each stage refuses a user's folder or file when it starts; say so before the first
         if stage == "label":
             from quartet.trainers.label import check_outputs
@@ -277,6 +244,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
 
 def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
     """Run the configured stages in order; returns {stage: seconds} (0.0 for reused stages)."""
+    validate(cfg)  # every stage's settings (batch arithmetic included), also for a config built in Python
     check_inputs(cfg)
     out = check_output_dir(cfg.output_dir, "pipeline", overwritable=False)  # a user's folder is never written into
     times: dict[str, float] = {}
@@ -285,7 +253,8 @@ def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
             if stage not in cfg.stages:
                 continue
             t = time.perf_counter()
-            print(f"\n== {stage} ==", flush=True)
+            ran_as = f" ({_algorithm_title(cfg, stage)})" if stage == "ppo" and cfg.ppo.advantage != "gae" else ""
+            print(f"\n== {stage}{ran_as} ==", flush=True)
             ran = _run_stage(stage, cfg, force)
             times[stage] = time.perf_counter() - t if ran else 0.0
             if ran:
@@ -343,17 +312,17 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
     elif stage == "ppo":
         if _done(Path(cfg.ppo.output_dir) / "model") and not force:
             return False
+        from quartet.trainers.checkpoint import list_checkpoints
         from quartet.trainers.ppo import train_ppo
 
         ppo_dir = Path(cfg.ppo.output_dir)
         if not (force and ppo_dir.exists()):
-            train_ppo(cfg.ppo, resume=(ppo_dir / "checkpoints").is_dir())
+            # an iter-N checkpoint, not just the folder: with save_every: 0 it may hold best-N copies only
+            train_ppo(cfg.ppo, resume=bool(list_checkpoints(ppo_dir)))
             return True
         # --force: a new run in place of the old one (PPO keeps its checkpoints in place, so it cannot be written
         # beside it). The old one is moved aside, and put back if the new one fails before it has a checkpoint to
         # resume from; deleted once the new one has finished (or has one)
-        from quartet.trainers.checkpoint import list_checkpoints
-
         aside = ppo_dir.with_name(f".{ppo_dir.name}.old-{os.getpid()}")
         os.replace(ppo_dir, aside)
         try:
@@ -377,11 +346,16 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
     return True
 
 
+def _algorithm_title(cfg: PipelineConfig, stage: str) -> str:
+    """What a policy stage ran, as people name it: the ppo stage runs PPO, GRPO, RLOO ... by its estimator."""
+    return get_estimator(cfg.ppo.advantage).title if stage == "ppo" else stage.upper()
+
+
 def _evaluate(cfg: PipelineConfig, out: Path) -> None:
     from quartet.eval.evaluate import evaluate, format_samples, format_table
 
     ran = [s for s in POLICY_STAGES if s in cfg.stages] or ["ppo"]  # eval alone: the PPO run of an earlier call
-    policies = {str(Path(getattr(cfg, s).output_dir) / "model"): s.upper() for s in ran}
+    policies = {str(Path(getattr(cfg, s).output_dir) / "model"): _algorithm_title(cfg, s) for s in ran}
     baseline = getattr(cfg, ran[0]).policy
     reward_model = cfg.ppo.reward if "ppo" in ran and Path(cfg.ppo.reward).is_dir() else None
     result = evaluate(
@@ -399,12 +373,17 @@ def _evaluate(cfg: PipelineConfig, out: Path) -> None:
         out=out / "eval",
     )
     names = {baseline: "SFT", **policies}
+    table = format_table(result, names=names)
+    for path, name in policies.items():  # each evaluated policy's model card states how it compared
+        add_eval(path, table, f"{name} against the SFT model (`{baseline}`) on {cfg.eval.prompts}, "
+                              f"{cfg.eval.num_prompts or 'all'} prompts, temperature {cfg.eval.temperature}, "
+                              f"seed {cfg.eval.seed} (`quartet run`'s eval stage):")
     text = "\n".join([
         "# Quartet pipeline summary", "",
         f"task `{cfg.task}`, policy `{cfg.sft.model}`; evaluation on {cfg.eval.prompts} "
         f"(temperature {cfg.eval.temperature}, seed {cfg.eval.seed}); SFT = `{baseline}`"
         + "".join(f", {name} = `{path}`" for path, name in policies.items()), "",
-        format_table(result, names=names), "",
+        table, "",
         "## Samples", "", format_samples(result, k=3, names=names), "",
     ])
     atomic_write_text(out / "summary.md", text)

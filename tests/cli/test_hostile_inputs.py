@@ -317,7 +317,8 @@ RM = ["rm", f"model={TINY}", "data.path=pairs.jsonl", "output_dir=out"]
 DPO = ["dpo", f"policy={TINY}", "data.path=pairs.jsonl", "output_dir=out"]
 SMALL_PPO = ["rollout_batch_size=4", "minibatch_size=4", "micro_batch_size=4", "generation.max_new_tokens=4",
              "generation.batch_size=4"]
-DIVERGES = ["max_steps=3", "optim.lr=1e30"]  # the loss is not finite by the last step: an error inside the run
+# the loss is not finite by the last step: an error inside the run (no warmup: the stages' default warms up over 10)
+DIVERGES = ["max_steps=3", "optim.lr=1e30", "optim.warmup_steps=0"]
 INPUTS = {"sft": {"sft.jsonl": SFT_ROWS}, "rm": {"pairs.jsonl": PAIRS}, "dpo": {"pairs.jsonl": PAIRS}, "ppo": {},
           "eval": {}}
 STAGE_ARGV = {"sft": SFT, "rm": RM, "dpo": DPO, "ppo": PPO, "eval": ["eval", TINY, *EVAL]}

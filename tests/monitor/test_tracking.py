@@ -19,6 +19,7 @@ import pytest
 from quartet.config import PPOConfig, SFTConfig, TrackingConfig, from_dict, load_config
 from quartet.errors import ConfigError
 from quartet.monitor import MetricsLogger, read_metrics
+from quartet.monitor.metrics import RESERVED
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "trainers"))
 from trainer_helpers import TINY, keyword_pairs, memorise_rows, single_thread, write_jsonl  # noqa: E402, F401
@@ -123,7 +124,7 @@ def assert_same_metrics(run_dir, wb: dict, client, mlflow_run, tio: list[dict]):
     """Every key of metrics.jsonl reaches each tracker with the same values at the same steps (MLflow and
     trackio: the finite ones; W&B: all, NaN included)."""
     records = read_metrics(run_dir)
-    keys = {k for r in records for k in r if k not in ("stage", "step", "time")}
+    keys = {k for r in records for k in r if k not in RESERVED}  # the record's header, not metrics
     assert keys
     for key in keys:
         expected = jsonl_series(run_dir, key)

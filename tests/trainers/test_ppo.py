@@ -29,7 +29,7 @@ def make_cfg(tmp_path, **overrides) -> PPOConfig:
         "micro_batch_size": 4,
         "ppo_epochs": 2,
         "generation": {"max_new_tokens": 8, "batch_size": 16},
-        "optim": {"lr": 1e-2},
+        "optim": {"lr": 1e-2, "adam_eps": 1e-8},  # the eps these tests' runs were tuned with
         "precision": "fp32",
         "critic": "shared",
     }
@@ -221,7 +221,7 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
 
 
 def test_existing_run_needs_resume(tmp_path):
-    cfg = make_cfg(tmp_path, iterations=1)
+    cfg = make_cfg(tmp_path, iterations=1, save_every=1)  # save_every: 0 keeps no checkpoint to continue from
     PPOTrainer(cfg, progress=False).train()
     with pytest.raises(ConfigError, match="--resume"):
         PPOTrainer(cfg, progress=False)
@@ -482,3 +482,27 @@ def test_a_bad_nested_setting_built_in_python_is_refused_before_any_model_loads(
     with pytest.raises(ConfigError, match=message):
         PPOTrainer(cfg, progress=False)
     assert not (tmp_path / "ppo").exists()
+
+
+def test_ppo_and_grpo_take_their_prompts_from_a_preference_file(tmp_path):
+    """The HH file `rm` and `dpo` read (several pairs per prompt) is a prompts file to PPO: each prompt once, the
+    conversation before the answers, as rm and dpo see it."""
+    from quartet.data import load_preferences
+
+    def hh(question: str, answer: str) -> str:
+        return f"\n\nHuman: {question}\n\nAssistant: {answer}"
+
+    rows = [{"chosen": hh(q, "a"), "rejected": hh(q, f"no {n}")} for q in ("pick one", "say a letter") for n in range(3)]
+    pairs = tmp_path / "hh.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = [[{"role": "user", "content": "pick one"}], [{"role": "user", "content": "say a letter"}]]
+    for advantage, critic in (("gae", "shared"), ("grpo", None)):
+        cfg = make_cfg(tmp_path / advantage, reward="ppo_rewards:repeated_char", advantage=advantage, critic=critic,
+                       samples_per_prompt=1 if critic else 4, iterations=2, **{"prompts.path": str(pairs)})
+        trainer = PPOTrainer(cfg, progress=False)
+        assert trainer.experience.prompts == prompts == [load_preferences(cfg.prompts)[i].prompt for i in (0, 3)]
+        actor0 = _params(trainer.roles.actor)
+        result = trainer.train()
+        records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert len(records) == 2 and all(math.isfinite(r["objective/score"]) for r in records)
+        assert any(not torch.equal(actor0[n], p) for n, p in trainer.roles.actor.named_parameters())

@@ -239,16 +239,122 @@ def test_resume_refuses_changed_settings_and_records_allowed_ones(tmp_path):
     cfg = _run(tmp_path, iterations=2, **{"optim.schedule": "constant"})
     PPOTrainer(cfg, progress=False).train()
     changed = _run(tmp_path, iterations=2, **{"optim.schedule": "constant", "optim.lr": 5e-3})
-    with pytest.raises(ConfigError, match=r"ppo --resume: optim.lr was 0.01 .* now 0.005"):
+    with pytest.raises(ConfigError, match=r"ppo --resume: optim.lr was 0.01 .* now 0.005.*: set optim.lr=0.01 to "
+                                          r"resume it, or start a new output_dir$"):
         PPOTrainer(changed, resume=True, progress=False)
     longer = _run(tmp_path, iterations=3, **{"optim.schedule": "constant"})
     PPOTrainer(longer, resume=True, progress=False).train()
     assert "iterations: 3" in (Path(cfg.output_dir) / "config.yaml").read_text()
     assert sorted(_steps(Path(cfg.output_dir))) == [1, 2, 3]
-    decaying = _run(tmp_path, "c", iterations=1)
-    PPOTrainer(decaying, progress=False).train()
-    with pytest.raises(ConfigError, match="iterations was 1 .*the LR schedule depends on it"):
-        PPOTrainer(_run(tmp_path, "c", iterations=2), resume=True, progress=False)
+    # a decaying schedule extends too (issue 35): test_resume_extends_a_finished_run_over_a_rebuilt_schedule
+
+
+def _lrs(run_dir: Path) -> dict[int, float]:
+    return {step: rec["optim/lr"] for step, rec in _steps(run_dir).items()}
+
+
+def test_resume_extends_a_finished_run_over_a_rebuilt_schedule(tmp_path):
+    """A finished 2-iteration run (linear decay: lr 0 at its last step) resumed with iterations=4 trains
+    iterations 3 and 4 on the schedule of a 4-iteration run from step 8 of 16 (lr 5e-3 = half the peak 1e-2,
+    then down to 0), and config.yaml and summary.md say so. Asking for no more iterations than it has is one
+    line, with nothing written."""
+    cfg = _run(tmp_path, iterations=2)  # linear schedule, peak 1e-2, 4 optimizer steps per iteration
+    PPOTrainer(cfg, progress=False).train()
+    run = Path(cfg.output_dir)
+    assert _lrs(run)[2] == 0.0
+
+    longer = PPOTrainer(_run(tmp_path, iterations=4), resume=True, progress=False)
+    assert longer.start_iteration == 2 and longer.resumed_from.name == "iter-2"
+    assert [g["lr"] for g in longer.optimizer.param_groups] == pytest.approx([5e-3, 5e-3])  # not the old 0
+    before = {n: p.detach().clone() for n, p in longer.roles.actor.named_parameters()}
+    result = longer.train()
+    assert result.iterations == 4 and result.extended_from == 2
+    assert sorted(_steps(run)) == [1, 2, 3, 4]
+    assert any(not torch.equal(before[n], p) for n, p in longer.roles.actor.named_parameters())
+    # the steps after the extension follow the schedule a 4-iteration run has there
+    uninterrupted = PPOTrainer(_run(tmp_path, "four", iterations=4), progress=False).train()
+    assert [_lrs(run)[i] for i in (3, 4)] == pytest.approx([_lrs(uninterrupted.run_dir)[i] for i in (3, 4)])
+    assert _lrs(run)[3] == pytest.approx(2.5e-3) and _lrs(run)[4] == 0.0
+    note = ("ppo --resume at iteration 2: iterations 2 -> 4 (extended_from: 2); the linear LR schedule rebuilt over "
+            "4 iterations, continuing from optimizer step 8 of 16: lr 0 -> 0.005")
+    text = (run / "config.yaml").read_text()
+    assert text.splitlines()[0] == f"# {note}" and "\niterations: 4\n" in text
+    assert note in (run / "summary.md").read_text()
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["iter-1", "iter-2", "iter-3", "iter-4"]
+
+    # a resume of the extended run keeps the record (no setting changed: config.yaml is not rewritten)
+    before = snapshot(run)
+    for iterations in (4, 3):
+        with pytest.raises(ConfigError) as err:
+            PPOTrainer(_run(tmp_path, iterations=iterations), resume=True, progress=False)
+        assert str(err.value) == (f"ppo --resume: {run} already has 4 iterations (iter-4), so iterations={iterations} "
+                                  f"adds none; pass iterations=N with N > 4 to extend it")
+    assert snapshot(run) == before
+
+
+def test_an_extension_killed_before_its_first_checkpoint_resumes_exactly(tmp_path):
+    """2 iterations extended to 4 with save_every 2, killed in iteration 4: config.yaml already says 4, the
+    newest checkpoint is the 2-iteration run's own (lr 0 in its optimizer). The resume still takes the 4-iteration
+    schedule's lr and repeats the uninterrupted extension's iterations 3 and 4 exactly."""
+    def extend(name: str, crash: bool) -> Path:
+        PPOTrainer(_run(tmp_path, name, iterations=2, save_every=2), progress=False).train()
+        trainer = PPOTrainer(_run(tmp_path, name, iterations=4, save_every=2), resume=True, progress=False)
+        if crash:
+            real_step = trainer.step
+
+            def step(iteration):
+                if iteration == 4:
+                    raise KeyboardInterrupt
+                return real_step(iteration)
+
+            trainer.step = step
+            with pytest.raises(KeyboardInterrupt):
+                trainer.train()
+            assert "iterations: 4" in (Path(trainer.cfg.output_dir) / "config.yaml").read_text()
+            trainer = PPOTrainer(_run(tmp_path, name, iterations=4, save_every=2), resume=True, progress=False)
+            assert trainer.start_iteration == 2 and trainer.extended_from is None
+            assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-3)
+        trainer.train()
+        return Path(trainer.cfg.output_dir)
+
+    clean, crashed = _steps(extend("clean", crash=False)), _steps(extend("crashed", crash=True))
+    assert sorted(crashed) == [1, 2, 3, 4] and all(clean[i] == crashed[i] for i in (3, 4))
+
+
+def test_a_run_stopped_while_finishing_completes_with_its_own_iterations(tmp_path):
+    """The last checkpoint is written before the final model and the summary: a run killed between them resumes
+    with the same iterations and writes them, while the same resume of a finished run is refused."""
+    cfg = _run(tmp_path, iterations=2, **{"optim.schedule": "constant"})
+    PPOTrainer(cfg, progress=False).train()
+    run = Path(cfg.output_dir)
+    (run / "summary.md").unlink()
+    shutil.rmtree(run / "model")
+    PPOTrainer(cfg, resume=True, progress=False).train()
+    assert (run / "model").is_dir() and (run / "summary.md").is_file()
+    with pytest.raises(ConfigError, match="already has 2 iterations"):
+        PPOTrainer(cfg, resume=True, progress=False)
+
+
+def test_save_every_0_writes_no_checkpoint_and_resume_says_what_to_do(tmp_path):
+    """save_every: 0 (the default) keeps no checkpoint, the last neither, and no best copy unless best_metric is
+    set; --resume then names the way on: a new run from the final model against the same reference."""
+    cfg = _run(tmp_path, iterations=2, save_every=0, best_metric=None)
+    PPOTrainer(cfg, progress=False).train()
+    run = Path(cfg.output_dir)
+    assert (run / "model").is_dir() and not (run / "checkpoints").exists() and not (run / "best").exists()
+    assert "best_metric: none" in (run / "config.yaml").read_text()
+    with pytest.raises(ConfigError) as err:
+        PPOTrainer(_run(tmp_path, iterations=4, save_every=0, best_metric=None), resume=True, progress=False)
+    assert str(err.value) == (
+        f"{run}: --resume given but there is no checkpoint under {run / 'checkpoints'} (it ran with save_every: 0, "
+        f"which keeps none); to train its policy further, start a new run from its model: policy={run / 'model'} "
+        f"reference={TINY} output_dir=<a new folder> (a new optimizer, schedule and critic; with save_every > 0 "
+        f"that run can be extended with --resume iterations=N)")
+
+    tracked = _run(tmp_path, "tracked", iterations=1, save_every=0, best_metric="objective/score")
+    PPOTrainer(tracked, progress=False).train()
+    folders = sorted(p.name for p in (Path(tracked.output_dir) / "checkpoints").iterdir())
+    assert folders == ["best-1"]  # the best's weights, asked for; no iter-N
 
 
 def test_non_finite_weights_never_reach_a_saved_model(tmp_path):
@@ -323,6 +429,8 @@ def test_sigkill_at_random_moments_then_resume_gives_the_uninterrupted_metrics(t
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
+            if (out / "summary.md").is_file():  # killed after its last write: finished, and --resume refuses
+                break                           # a finished run with no more iterations (issue 35)
             continue
         assert proc.wait(timeout=300) == 0, proc.stderr.read()[-2000:]
         break
@@ -371,9 +479,8 @@ def _set(key, value):
     (lambda state: state.pop("rng"), 2, "missing field 'rng'"),
     (_set("best", {"value": 0.5, "iteration": "../../etc"}), 2, "best.iteration must be a whole number from 0 to 2"),
     (_set("best", {"value": float("nan"), "iteration": 1}), 2, "best.value must be a finite number or null, got nan"),
-    (None, 1, "iteration 2 is past the run's iterations (1); set iterations to at least 2"),
 ], ids=["negative", "text", "bool", "float", "other-folder", "no-iteration", "no-kl-ctl", "no-rng", "best-iteration",
-        "best-nan", "past-iterations"])
+        "best-nan"])
 def test_a_hand_edited_checkpoint_state_is_refused_naming_the_field(finished_run, tmp_path, edit, iterations, message):
     """One line naming state.json and the field; nothing written, nothing pruned, no fallback to iter-1 (which
     would resume from another point than the files say)."""
@@ -431,7 +538,8 @@ def test_logged_metrics_are_exactly_what_a_run_logs(tmp_path, kw):
     cfg = make_cfg(tmp_path, iterations=1, **kw)
     PPOTrainer(cfg, progress=False).train()
     records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
-    assert set().union(*records) - {"stage", "step", "time"} == set(cfg.logged_metrics)
+    assert set().union(*records) - {"stage", "algorithm", "step", "time"} == set(cfg.logged_metrics)
+    assert {r["algorithm"] for r in records} == {"ppo" if cfg.advantage == "gae" else cfg.advantage}
 
 
 def test_best_metric_must_name_a_metric_the_run_logs(tmp_path):
@@ -482,6 +590,22 @@ def test_a_run_saved_before_max_line_mb_existed_resumes(tmp_path):
     PPOTrainer(longer, resume=True, progress=False).train()
     assert sorted(_steps(Path(cfg.output_dir))) == [1, 2, 3]
     assert "max_line_mb: 4.0" in saved.read_text()
+
+
+def test_a_run_saved_before_critic_was_filled_in_resumes(tmp_path):
+    """config.yaml of a run written before the critic default was filled in at validation holds critic: null; a
+    resume now fills it in (separate: no LoRA) and goes on, as the checkpoint fits."""
+    import yaml
+
+    cfg = _run(tmp_path, iterations=1, critic=None)
+    PPOTrainer(cfg, progress=False).train()
+    saved = Path(cfg.output_dir) / "config.yaml"
+    data = yaml.safe_load(saved.read_text())
+    assert data["critic"] == "separate"
+    data["critic"] = None
+    saved.write_text(yaml.safe_dump(data, sort_keys=False))
+    PPOTrainer(_run(tmp_path, iterations=2, critic=None), resume=True, progress=False).train()
+    assert sorted(_steps(Path(cfg.output_dir))) == [1, 2]
 
 
 # ---------------------------------------------------------------------------- where and how a stage writes

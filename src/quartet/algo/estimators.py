@@ -36,6 +36,14 @@ class AdvantageEstimator:
     """whiten advantages over the batch unless the config says otherwise"""
     paper: str
     fn: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    title: str = ""
+    """the algorithm the PPO loop becomes with this estimator, as people name it (logs, summaries, reports, cards)"""
+
+    @property
+    def algorithm(self) -> str:
+        """the same as one lower-case word, for records, tags and progress bars: the estimator's name, "ppo" for
+        GAE (the metrics' `stage` stays "ppo" for them all: code keys on it)"""
+        return "ppo" if self.name == "gae" else self.name
 
     def __call__(self, rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, greedy_scores=None):
         if self.needs_critic and values is None:
@@ -76,14 +84,19 @@ def _remax(rewards, mask, *, greedy_scores, **_):
 ESTIMATORS: dict[str, AdvantageEstimator] = {
     e.name: e
     for e in [
-        AdvantageEstimator("gae", True, False, False, True, "Schulman et al. 2016 (GAE) + 2017 (PPO)", _gae),
-        AdvantageEstimator("grpo", False, True, False, False, "Shao et al. 2024 (DeepSeekMath)", _group("grpo")),
-        AdvantageEstimator("dr_grpo", False, True, False, False, "Liu et al. 2025 (Dr. GRPO)", _group("dr_grpo")),
-        AdvantageEstimator("rloo", False, True, False, False, "Ahmadian et al. 2024 (RLOO)", _group("rloo")),
-        AdvantageEstimator("reinforce_pp", False, False, False, True, "Hu 2025 (REINFORCE++)", _reinforce_pp(False)),
+        AdvantageEstimator("gae", True, False, False, True, "Schulman et al. 2016 (GAE) + 2017 (PPO)", _gae,
+                           title="PPO"),
+        AdvantageEstimator("grpo", False, True, False, False, "Shao et al. 2024 (DeepSeekMath)", _group("grpo"),
+                           title="GRPO"),
+        AdvantageEstimator("dr_grpo", False, True, False, False, "Liu et al. 2025 (Dr. GRPO)", _group("dr_grpo"),
+                           title="Dr. GRPO"),
+        AdvantageEstimator("rloo", False, True, False, False, "Ahmadian et al. 2024 (RLOO)", _group("rloo"),
+                           title="RLOO"),
+        AdvantageEstimator("reinforce_pp", False, False, False, True, "Hu 2025 (REINFORCE++)", _reinforce_pp(False),
+                           title="REINFORCE++"),
         AdvantageEstimator("reinforce_pp_baseline", False, True, False, True, "Hu 2025 (REINFORCE++ baseline)",
-                           _reinforce_pp(True)),
-        AdvantageEstimator("remax", False, False, True, False, "Li et al. 2023 (ReMax)", _remax),
+                           _reinforce_pp(True), title="REINFORCE++ baseline"),
+        AdvantageEstimator("remax", False, False, True, False, "Li et al. 2023 (ReMax)", _remax, title="ReMax"),
     ]
 }
 

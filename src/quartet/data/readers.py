@@ -11,6 +11,7 @@ Formats, chosen by extension:
 - ``.parquet``: read with pyarrow.
 - a directory written by ``datasets.Dataset.save_to_disk`` (or a ``DatasetDict`` with one split).
 - ``task:<name>/<split>``: the JSONL file a built-in task ships, e.g. ``task:positive-review/train``.
+- ``memory:<name>``: rows given to the Python API (a list of dicts or a ``datasets.Dataset``, quartet.handles).
 
 Every failure is a :class:`~quartet.errors.DataError` whose one-line message names the file (and row).
 
@@ -30,6 +31,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from quartet import handles
 from quartet.config import DataConfig
 from quartet.errors import DataError
 
@@ -63,6 +65,8 @@ def read_table(path: str | os.PathLike, max_line_mb: float = DataConfig.max_line
     The one reader of user data files: every stage's data (through `quartet.data.schemas`) and the tasks' files
     come through here, so the limits in the module docstring hold for all of them."""
     source = str(path)
+    if handles.is_handle(source):
+        return _read_memory(source)
     p = _task_file(source) if source.startswith("task:") else Path(source)
     mode = _mode(p, source)
     if stat.S_ISDIR(mode):
@@ -92,6 +96,9 @@ def check_data_path(path: str | os.PathLike) -> None:
     source = str(path)
     if not source:
         raise DataError("data path is empty: set `path:` to a file, a directory or task:<name>/<split>")
+    if handles.is_handle(source):
+        handles.lookup(source, "data", DataError)
+        return
     p = _task_file(source) if source.startswith("task:") else Path(source)
     if stat.S_ISREG(_mode(p, source)) and p.suffix.lower() not in EXTENSIONS:
         raise DataError(
@@ -291,6 +298,18 @@ def _read_parquet(p: Path, source: str) -> Table:
             rows = pq.read_table(f).to_pylist()
         except Exception as e:  # pyarrow raises several types for a corrupt file
             raise DataError(f"{source}: not a readable parquet file ({type(e).__name__}: {e})") from None
+    return _checked_depth(Table(source, rows, list(range(1, len(rows) + 1))))
+
+
+def _read_memory(source: str) -> Table:
+    """Rows given in Python: a list of dicts, or anything with datasets' ``to_list`` (a ``datasets.Dataset``)."""
+    data = handles.lookup(source, "data", DataError)
+    rows = data.to_list() if hasattr(data, "to_list") else list(data)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{source} row {i + 1}: expected a dict, got {type(row).__name__}")
+    if not rows:
+        raise DataError(f"{source}: no rows")
     return _checked_depth(Table(source, rows, list(range(1, len(rows) + 1))))
 
 

@@ -44,7 +44,7 @@ class PreferenceExample:
 
 
 FIELDS = {
-    "prompts": ("prompt", "messages"),
+    "prompts": ("prompt", "messages", "chosen"),
     "sft": ("prompt", "completion", "messages"),
     "preferences": ("prompt", "chosen", "rejected", "margin"),
     "samples": ("prompt", "completion"),
@@ -53,19 +53,34 @@ FIELDS = {
 
 # --------------------------------------------------------------------------- loaders
 def load_prompts(cfg: DataConfig) -> list[PromptExample]:
-    """Rows with `prompt` (text or messages) or `messages` (a trailing assistant turn is dropped)."""
+    """The prompts of a prompts, SFT or preference file, each prompt once, per row:
+
+    - `prompt` (text or messages), whatever else the row holds (an SFT `completion`, a pair's `chosen`/`rejected`);
+    - `messages` (a trailing assistant turn, an SFT row's completion, is dropped);
+    - no `prompt`: `chosen` as a whole conversation (Anthropic HH, message list or "\\n\\nHuman: ..." text),
+      whose turns before its last assistant turn are the prompt (the prefix it shares with `rejected`).
+
+    A prompt that repeats (a preference file holds several pairs per prompt) is kept at its first row.
+    """
     table, col = _open(cfg, "prompts")
-    out = []
+    out, seen = [], set()
     for i, row in enumerate(table.rows):
         where = table.where(i)
-        if col["prompt"] in row or col["messages"] not in row:
-            prompt = _prompt(row, col["prompt"], where)
-        else:
+        if col["messages"] in row and col["prompt"] not in row:
             msgs = _messages(row[col["messages"]], where, col["messages"])
             if msgs[-1]["role"] == "assistant":
                 msgs = msgs[:-1]
             prompt = _check_prompt_turns(msgs, where, col["messages"])
-        out.append(PromptExample(prompt))
+        elif col["chosen"] in row and col["prompt"] not in row:
+            prompt = _conversation_prompt(row[col["chosen"]], where, col["chosen"])
+        else:
+            prompt = _prompt(row, col["prompt"], where)
+        key = prompt if isinstance(prompt, str) else tuple((m["role"], m["content"]) for m in prompt)
+        if key not in seen:
+            seen.add(key)
+            out.append(PromptExample(prompt))
+    if len(out) < len(table.rows):
+        log.info("data: %d repeated prompts in %s kept once", len(table.rows) - len(out), table.source)
     return _done(out, table, "prompts")
 
 
@@ -257,6 +272,14 @@ def _hh_text_to_messages(text: str, where: str, name: str) -> list[Message]:
         )
     roles = {"Human": "user", "Assistant": "assistant"}
     return [{"role": roles[r], "content": c.strip()} for r, c in zip(parts[1::2], parts[2::2])]
+
+
+def _conversation_prompt(value, where: str, name: str) -> Prompt:
+    """The turns of a whole conversation (message list or HH text) before its last assistant turn."""
+    if isinstance(value, str):
+        value = _hh_text_to_messages(_nonempty_str(value, where, name), where, name)
+    msgs = _messages(value, where, name)
+    return _check_prompt_turns(msgs[: _last_assistant(msgs, where, name)], where, name)
 
 
 def _split_shared_prefix(chosen, rejected, where: str, cn: str, rn: str) -> tuple[Prompt, str, str]:

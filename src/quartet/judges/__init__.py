@@ -10,7 +10,11 @@ score per response. :func:`load_reward_fn` turns a config string into one:
   response and prompt, see :mod:`quartet.judges.relevance`; ``judge:vader``: VADER of the response);
 - ``module:function`` (``function`` may be dotted, ``module:Class.method``): imported, the current
   directory is also searched so a ``my_reward.py`` next to the config works with the installed CLI;
+- ``memory:<name>``: a callable given to the Python API (quartet.handles);
 - ``gate(...)``, ``sum(...)``, ``min(...)`` over any of these: see :mod:`quartet.judges.compose`.
+
+A user's callable may also have TRL's signature, ``(prompts, completions, **kwargs)`` (its ``reward_funcs``): it is
+then called with those two keywords (no dataset columns are passed).
 
 Reward-model directories are not reward functions: ``quartet.models.load_reward_model`` loads them
 (the PPO trainer picks that path itself). User callables are wrapped so a wrong return (count,
@@ -30,6 +34,7 @@ import re
 import sys
 from collections.abc import Callable
 
+from quartet import handles
 from quartet.errors import ConfigError, ModelError
 from quartet.judges.bounded import JUDGE_TIMEOUT, call_bounded
 from quartet.judges.compose import is_composite, parse_composite
@@ -78,6 +83,9 @@ def _load(spec: str, where: str, timeout: float | None) -> Callable:
             raise ConfigError(f"reward '{where}': unknown judge '{spec}' (built-in: "
                               f"{', '.join('judge:' + k for k in JUDGES)})")
         return JUDGES[name]
+    if handles.is_handle(spec):
+        fn = as_reward_fn(handles.lookup(spec, "reward", ConfigError), spec, where)
+        return _last_call_kept(_bounded(fn, spec, where, timeout), handles.state(spec))
     if _MODULE_FUNCTION.match(spec) and not os.path.exists(spec):
         return _bounded(_import_callable(spec, where), spec, where, timeout)
     if where != spec:
@@ -99,15 +107,49 @@ def _import_callable(target: str, spec: str) -> Callable:
         if not hasattr(obj, part):
             raise ConfigError(f"reward '{spec}': module '{module_name}' has no attribute '{attr_path}'")
         obj = getattr(obj, part)
+    return as_reward_fn(obj, attr_path, spec)
+
+
+def as_reward_fn(obj, name: str, spec: str) -> Callable:
+    """``obj`` as a ``(prompts, responses)`` function: as it is, or, with TRL's signature (a ``completions``
+    parameter), called with the keywords prompts= (when it takes them) and completions=. Errors name ``spec``."""
     if not callable(obj):
-        raise ConfigError(f"reward '{spec}': '{attr_path}' is a {type(obj).__name__}, not a callable")
+        raise ConfigError(f"reward '{spec}': '{name}' is a {type(obj).__name__}, not a callable")
+    try:
+        params = inspect.signature(obj).parameters
+    except ValueError:  # some builtins have no signature; find out when it is called
+        return obj
+    if "completions" in params:
+        takes_prompts = "prompts" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+        @functools.wraps(obj)
+        def trl_style(prompts: list[str], responses: list[str]):
+            return obj(completions=responses, **({"prompts": prompts} if takes_prompts else {}))
+
+        return trl_style
     try:
         inspect.signature(obj).bind(["prompt"], ["response"])
     except TypeError:
-        raise ConfigError(f"reward '{spec}': '{attr_path}' must accept (prompts, responses)") from None
-    except ValueError:  # some builtins have no signature; find out when it is called
-        pass
+        raise ConfigError(f"reward '{spec}': '{name}' must accept (prompts, responses), or TRL's "
+                          f"(prompts, completions, **kwargs)") from None
     return obj
+
+
+def _last_call_kept(fn: Callable, state: dict) -> Callable:
+    """``fn``, returning its last scores again when called again on the same prompts and responses: a reward of
+    a weighted list is called for the sum and for its own rollout/reward_<name> line on one rollout, and is
+    computed once (so the line logs exactly the scores that were summed)."""
+
+    @functools.wraps(fn)
+    def kept(prompts: list[str], responses: list[str]):
+        last = state.get("last")
+        if last is not None and last[0] == prompts and last[1] == responses:
+            return last[2]
+        scores = fn(prompts, responses)
+        state["last"] = (list(prompts), list(responses), scores)
+        return scores
+
+    return kept
 
 
 def _bounded(fn: Callable, target: str, where: str, timeout: float | None) -> Callable:
@@ -176,4 +218,4 @@ def _checked(fn: Callable, spec: str) -> RewardFn:
     return reward_fn
 
 
-__all__ = ["JUDGES", "RewardFn", "load_reward_fn", "relevance_judge", "vader_score"]
+__all__ = ["JUDGES", "RewardFn", "as_reward_fn", "load_reward_fn", "relevance_judge", "vader_score"]

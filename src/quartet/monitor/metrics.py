@@ -24,7 +24,7 @@ from quartet.monitor.tracking import open_trackers
 
 log = logging.getLogger("quartet")
 
-RESERVED = ("stage", "step", "time")
+RESERVED = ("stage", "algorithm", "step", "time")
 PIPELINE_ORDER = ("sft", "label", "rm", "ppo", "dpo", "eval")
 
 
@@ -49,9 +49,13 @@ class MetricsLogger:
     only, and a tracker that fails while logging is dropped with one warning while the others go on.
     """
 
-    def __init__(self, run_dir, stage: str, tensorboard: bool | None = None, tracking=None, params=None):
+    def __init__(self, run_dir, stage: str, tensorboard: bool | None = None, tracking=None, params=None,
+                 algorithm: str | None = None):
         self.run_dir = Path(run_dir)
         self.stage = str(stage)
+        self.algorithm = algorithm
+        """written into each record beside `stage` when the stage runs one of several algorithms (the ppo stage:
+        ppo, grpo, rloo, ...): `stage` stays what code keys on, `algorithm` is what ran"""
         tracking = tracking if tracking is not None else TrackingConfig()
         tracking.validate()
         if tensorboard is None:
@@ -81,7 +85,8 @@ class MetricsLogger:
         if clash:
             raise ValueError(f"metric names {clash} are reserved for the record header")
         values = {str(k): _to_number(v) for k, v in metrics.items()}
-        record = {"stage": self.stage, "step": int(step), "time": time.time(), **values}
+        header = {"stage": self.stage} if self.algorithm is None else {"stage": self.stage, "algorithm": self.algorithm}
+        record = {**header, "step": int(step), "time": time.time(), **values}
         try:
             if self._file is None:
                 self._open()
@@ -172,7 +177,7 @@ MAX_STEP = 2**53
 
 def _clean_record(rec: dict, lineno: int, notes: list[str]) -> dict | None:
     """``rec`` with every value of the wrong type left out and noted: a metric is a number or null, `stage`
-    is text, `step` a whole number in [0, 2**53]. A record whose stage or step is unusable is left out whole."""
+    (and `algorithm`) is text, `step` a whole number in [0, 2**53]. A record whose stage or step is unusable is left out whole."""
     stage, step = rec.get("stage"), rec.get("step")
     if "stage" in rec and not isinstance(stage, str):
         notes.append(f"line {lineno}: stage {_short(stage)} is not text (record left out)")
@@ -182,7 +187,8 @@ def _clean_record(rec: dict, lineno: int, notes: list[str]) -> dict | None:
         return None
     out = {}
     for key, value in rec.items():
-        if key in ("stage", "step") or value is None or _is_number(value):
+        if key in ("stage", "step") or value is None or _is_number(value) or (
+                key == "algorithm" and isinstance(value, str)):
             out[key] = value
         else:
             notes.append(f"line {lineno}: {key} = {_short(value)} is not a number")

@@ -515,11 +515,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "run"
 
 
+def _stage_label(name: str, records: list[dict]) -> str:
+    """A stage as the report names it: the algorithm its records say ran (a ppo stage that ran GRPO is `grpo`),
+    else the stage's name."""
+    algorithm = next((r["algorithm"] for r in records if isinstance(r.get("algorithm"), str)), None)
+    return algorithm or name
+
+
 def write_report(run_dir) -> Path:
     """Write ``run_dir/report.html`` (and ``run_dir/plots/*.png``) and return the HTML path."""
     run_dir = Path(run_dir)
     dirs = stage_dirs(run_dir)  # DataError when run_dir does not exist
-    stages = [(name, d, read_metrics(d)) for name, d in dirs]
+    stages = [(_stage_label(name, records), d, records) for name, d in dirs for records in [read_metrics(d)]]
+    dirs = [(name, d) for name, d, _ in stages]
     eval_files = [p for p in [run_dir / "eval" / "eval.json", run_dir / "eval.json"]
                   + [d / "eval" / "eval.json" for _, d in dirs if d != run_dir] if p.is_file()]
     sample_files = [(name, d / "samples.jsonl") for name, d in dirs if (d / "samples.jsonl").is_file()]

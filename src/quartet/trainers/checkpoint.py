@@ -274,26 +274,35 @@ def load_latest(run_dir: Path, modules: dict[str, torch.nn.Module | None], max_i
 
 
 # --------------------------------------------------------------------------- resuming with a config
-def check_resume_config(saved_file: Path, now: dict, may_change: tuple[str, ...], schedule_decays: bool,
-                        where: str) -> str:
+def check_resume_config(saved_file: Path, now: dict, may_change: tuple[str, ...], where: str,
+                        unset_ok: tuple[str, ...] = ()) -> dict[str, tuple]:
     """A resumed run continues the run it resumes: a setting that differs from `saved_file` is refused,
-    except those in `may_change` (how long to run, how often to save), and `iterations` only when the LR
-    schedule does not depend on it. Returns the allowed changes as one line ("" when none)."""
+    except those in `may_change` (how long to run, how often to save). `unset_ok`: settings a run written before
+    Quartet filled in their defaults holds as null; null there is not a change (the checkpoint still has to fit).
+    Returns the allowed changes, {setting: (saved, now)}."""
     from quartet.config import read_yaml
 
     if not Path(saved_file).is_file():
         raise ConfigError(f"{saved_file}: missing, so this run's settings are unknown; it cannot be resumed")
     saved, now = _flatten(read_yaml(saved_file)), _flatten(now)
-    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
-    refused = [k for k in changed if k not in may_change or (k == "iterations" and schedule_decays)]
+    changed = [k for k in sorted(set(saved) | set(now))
+               if saved.get(k) != now.get(k) and not (k in unset_ok and saved.get(k) is None)]
+    refused = [k for k in changed if k not in may_change]
     if refused:
         k = refused[0]
-        why = " (the LR schedule depends on it)" if k == "iterations" else ""
         raise ConfigError(
-            f"{where}: {k} was {saved.get(k)!r} in {saved_file}, now {now.get(k)!r}{why}; a resumed run must keep "
-            f"its settings (only {', '.join(may_change)} may change): start a new output_dir"
+            f"{where}: {k} was {saved.get(k)!r} in {saved_file}, now {now.get(k)!r}; a resumed run must keep "
+            f"its settings (only {', '.join(may_change)} may change): set {k}={_override(saved.get(k))} to resume "
+            f"it, or start a new output_dir"
         )
-    return "; ".join(f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in changed)
+    return {k: (saved.get(k), now.get(k)) for k in changed}
+
+
+def _override(value) -> str:
+    """`value` as a command-line override writes it (YAML flow style: null, [a, b], 1.0e-05)."""
+    import yaml
+
+    return yaml.safe_dump([value], default_flow_style=True, width=1 << 30).strip()[1:-1]
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:

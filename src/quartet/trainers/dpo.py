@@ -37,10 +37,13 @@ from quartet.data import (
 from quartet.errors import DataError
 from quartet.eval.evaluate import sample_responses, sample_seed
 from quartet.models import apply_lora, load_causal_lm, make_reference, precast_lora_base, save_model
+from quartet.models.card import stage_card
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
+from quartet.preflight import check_names
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
 from quartet.trainers import loop, sharding
+from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 
 log = logging.getLogger("quartet")
 
@@ -99,11 +102,14 @@ class _Pair:
     ref_rejected: float = 0.0
 
 
-def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
+def train_dpo(cfg: DPOConfig, overwrite: bool = False, callbacks=None) -> DPOResult:
+    """`callbacks`: objects with on_step / on_log / on_evaluate / on_save ... (quartet.trainers.callbacks)."""
     validate(cfg)
+    callbacks = check_callbacks(callbacks)
     check_output_dir(cfg.output_dir, "dpo", overwrite)  # before minutes of reference log-probs (again in run_dir)
     loop.seed_everything(cfg.seed)
-    # 1. inputs first: pairs, model, tokens -- all before the run dir is touched
+    # 1. inputs first: names, pairs, model, tokens -- all before the run dir is touched
+    check_names("dpo", cfg)
     examples = load_preferences(cfg.data)
     given = load_preferences(cfg.eval_data) if cfg.eval_data is not None else None
     train_ex, eval_ex = loop.split_train_eval(examples, cfg.eval_fraction, cfg.seed, given)
@@ -136,6 +142,8 @@ def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
     optimizer, scheduler = loop.make_optimizer(model, cfg.optim, total, accelerator.num_processes)
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
     trainable, n_params = loop.count_parameters(model)
+    events = CallbackHandler(callbacks, cfg, "dpo", total, accelerator, model=accelerator.unwrap_model(model),
+                             tokenizer=tok)
 
     def held_out() -> DPOEval | None:
         if not eval_pairs:
@@ -153,27 +161,34 @@ def train_dpo(cfg: DPOConfig, overwrite: bool = False) -> DPOResult:
             if first:
                 metrics.log(0, first.metrics())
             timer = loop.Timer()
-            train, final = _train(cfg, model, optimizer, scheduler, train_loader, accelerator, metrics, total,
-                                  held_out)
+            train, final, steps = _train(cfg, model, optimizer, scheduler, train_loader, accelerator, metrics,
+                                         total, held_out, events)
             seconds = timer.seconds
         finally:
             metrics.close()
-        save_model(accelerator.unwrap_model(model, keep_fp32_wrapper=False), tok, run_dir / "model")
-        result = DPOResult(Path(cfg.output_dir), Path(cfg.output_dir) / "model", total, train["dpo/loss"], train,
+        held = {"eval loss": final.loss, "eval implicit-reward accuracy": final.accuracy,
+                "eval KL": final.kl} if final else {}
+        card = stage_card("dpo", cfg, {"train loss": train["dpo/loss"], **held, "optimizer steps": steps},
+                          precision=loop.precision_name(cfg.precision))
+        save_model(accelerator.unwrap_model(model, keep_fp32_wrapper=False), tok, run_dir / "model", card=card)
+        result = DPOResult(Path(cfg.output_dir), Path(cfg.output_dir) / "model", steps, train["dpo/loss"], train,
                            first, final, seconds)
         summary = _summary(cfg, result, len(train_pairs), len(eval_pairs), max_len, trainable, n_params)
         atomic_write_text(run_dir / "summary.md", summary)
+    events.save(result.model_dir)
     if accelerator.is_main_process:
         print(summary)
     return result
 
 
-def _train(cfg, model, optimizer, scheduler, train_loader, accelerator, metrics, total, held_out):
-    """Micro-batches -> accumulate -> step; log every log_every, held-out pass every eval_every."""
+def _train(cfg, model, optimizer, scheduler, train_loader, accelerator, metrics, total, held_out, events):
+    """Micro-batches -> accumulate -> step; log every log_every, held-out pass every eval_every. A callback that
+    asks to stop makes the current step the last. Returns (last train metrics, held-out eval, steps taken)."""
     step, window, train, final, shown = 0, [], {"dpo/loss": math.nan}, None, {}
     keys = {"dpo/loss": "loss", "rewards/accuracy": "acc", "rewards/eval_accuracy": "eval_acc", "dpo/kl": "kl"}
     bar = Progress(total, "dpo", keys=keys, every=cfg.log_every)
     model.train()
+    events.train_begin()
     for batch in loop.forever(train_loader):
         with accelerator.accumulate(model):
             loss, stats = _loss(cfg, model, batch)
@@ -183,29 +198,35 @@ def _train(cfg, model, optimizer, scheduler, train_loader, accelerator, metrics,
         if not accelerator.sync_gradients:
             continue
         step += 1
-        if step % cfg.log_every == 0 or step == total:
+        last = events.step(step) or step >= total
+        if step % cfg.log_every == 0 or last:
             train = _global_means(window, accelerator)  # a global quantity under a multi-process launch
             window = []
-            shown |= metrics.log(step, {
+            logs = {
                 **train,
                 "dpo/beta": cfg.beta,
                 "optim/lr": scheduler.get_last_lr()[0],
                 "optim/grad_norm": grad_norm,
                 "memory/peak_rss_mb": peak_rss_mb(),
-            })
-        if step % cfg.eval_every == 0 or step == total:
+            }
+            shown |= metrics.log(step, logs)
+            events.log(step, logs)
+        if step % cfg.eval_every == 0 or last:
             ev = held_out()
             if ev is not None:
                 final = ev
                 shown |= metrics.log(step, ev.metrics())
+                events.log(step, ev.metrics())
+                events.evaluate(ev.metrics())
             model.train()
         bar.update(step, shown)
-        if step >= total:
+        if last:
             break
+    events.train_end()
     bar.close()
     if not math.isfinite(train["dpo/loss"]):
         raise DataError("DPO loss became non-finite; lower optim.lr or check the data")
-    return train, final
+    return train, final, step
 
 
 def _loss(cfg: DPOConfig, model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -375,7 +396,7 @@ def _summary(cfg: DPOConfig, result: DPOResult, n_train, n_eval, max_len, traina
             "training": {
                 "mode": f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tune",
                 "trainable parameters": f"{trainable:,} of {n_params:,}",
-                "precision": loop.mixed_precision(cfg.precision),
+                "precision": loop.precision_name(cfg.precision),
                 "optimizer steps": result.steps,
                 "time": f"{result.seconds:.1f} s ({result.seconds / result.steps:.3f} s/step)",
                 "final train loss / accuracy": f"{loop.fmt(result.train_loss)} / "

@@ -33,6 +33,7 @@ from quartet.models.loading import check_context
 from quartet.monitor import Progress
 from quartet.monitor.tracking import open_trackers
 from quartet.outputs import check_output_file, run_lock
+from quartet.preflight import check_names
 from quartet.rollout.engine import make_engine
 from quartet.rollout.scoring import Scorer
 from quartet.trainers import loop
@@ -108,7 +109,8 @@ def samples_path(output: str | Path) -> Path:
 def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     loop.seed_everything(cfg.seed)
     timer = loop.Timer()
-    # 1. inputs first, so a bad file or judge fails before any sampling
+    # 1. inputs first, so a bad name, file or judge fails before any model loads
+    check_names("label", cfg)
     examples = load_prompts(cfg.prompts)
     judge = Scorer(cfg.judge, timeout=cfg.judge_timeout)  # reward model (any tokenizer) or reward function
     model, tok = load_causal_lm(cfg.policy, torch.float32)

@@ -67,6 +67,12 @@ def mixed_precision(precision: str) -> str:
     return precision
 
 
+def precision_name(precision: str) -> str:
+    """The compute precision a run used, as a person reads it: "bf16", "fp16" or "fp32" (accelerate says "no")."""
+    mode = mixed_precision(precision)
+    return "fp32" if mode == "no" else mode
+
+
 def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
     """Autocast in the compute dtype; weights and optimizer state stay fp32.
 
@@ -204,6 +210,20 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int, num_processes:
         num_warmup_steps=min(cfg.warmup_steps, total_steps) * num_processes,
         num_training_steps=total_steps * num_processes,
     )
+
+
+def set_scheduled_lr(scheduler) -> list[float]:
+    """Set each parameter group's lr to the schedule's value at the step the scheduler is at, and return them.
+
+    For a resume whose schedule was rebuilt over another number of steps: a LambdaLR's state holds the step
+    reached but not the schedule's length, and the optimizer's saved lr is the old schedule's (the one its next
+    step would use)."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's AcceleratedScheduler wraps the LambdaLR
+    lrs = [base * fn(inner.last_epoch) for base, fn in zip(inner.base_lrs, inner.lr_lambdas)]
+    for group, lr in zip(inner.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    inner._last_lr = lrs
+    return lrs
 
 
 def optimizer_step(accelerator: Accelerator, model, optimizer, scheduler, max_grad_norm: float | None) -> float:

@@ -21,6 +21,7 @@ DDP sums their gradients, weighted so that the update equals one process's on th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -46,27 +47,32 @@ from quartet.algo import (
 )
 from quartet.atomic import atomic_write_text, remove_stale_temporaries
 from quartet.config import PPO_PRESETS as PRESETS
-from quartet.config import PPOConfig, load_config, save_config, to_dict, validate
+from quartet.config import PPOConfig, load_config, read_yaml, save_config, to_dict, validate
 from quartet.errors import ConfigError, QuartetError
+from quartet.models.card import stage_card
 from quartet.models.lean_ops import apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
 from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, run_lock, write_marker
+from quartet.preflight import check_names
 from quartet.rollout.engine import HFEngine, make_engine
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import RunningMoments
 from quartet.trainers import checkpoint as ckpt
 from quartet.trainers import loop, sharding
+from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 from quartet.trainers.experience import ExperienceMaker, rollout_stats, step_seed
 from quartet.trainers.ppo_roles import build_roles
 
 log = logging.getLogger("quartet")
 # a resumed run may change these; anything else would make it a different run than the one it continues
-# (judge_timeout only bounds how long a reward may think: a run stopped by it resumes with a longer one; the
+# (iterations extends or shortens it, the LR schedule rebuilt over the new length: `_resume`; judge_timeout only bounds how long a reward may think: a run stopped by it resumes with a longer one; the
 # prompts' max_line_mb only bounds reading, and a run saved before the field existed has none)
 RESUMABLE_CHANGES = ("iterations", "save_every", "keep_checkpoints", "stop_on", "judge_timeout", "prompts.max_line_mb")
 # what `save_checkpoint` stores besides the iteration; a resume refuses a state.json without one of them
 STATE_FIELDS = ("optimizer", "scheduler", "kl_ctl", "moments", "best")
+# settings whose null default is filled in at validation since issue 35; a run written before holds them as null
+FILLED_DEFAULTS = ("critic",)
 
 
 class NonFiniteWeights(QuartetError):
@@ -81,13 +87,19 @@ class PPOResult:
     iterations: int
     metrics: dict = field(default_factory=dict)
     stopped_by: str | None = None
+    extended_from: int | None = None
+    """the iterations the run was configured with before this resume changed them (None: not changed)"""
 
 
 class PPOTrainer:
     """`PPOTrainer(cfg).train()`; `step(iteration)` runs one iteration and returns its metrics."""
 
-    def __init__(self, cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False):
+    def __init__(self, cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False,
+                 callbacks=None):
+        """`callbacks`: objects with on_step / on_log / on_save ... (quartet.trainers.callbacks), called once per
+        iteration."""
         validate(cfg)  # the whole tree (optim, lora, generation, prompts), as SFT and DPO do, not PPOConfig alone
+        callbacks = check_callbacks(callbacks)
         self.cfg, self.progress, self.start_iteration = cfg, progress, 0
         self.resumed_from: Path | None = None
         """the checkpoint this run resumed from: never pruned while the run goes on (checkpoint.save_checkpoint)"""
@@ -100,6 +112,8 @@ class PPOTrainer:
         except BaseException:  # a run that cannot start leaves no lock behind
             self._lock.close()
             raise
+        self.events = CallbackHandler(callbacks, cfg, "ppo", cfg.iterations, self.accelerator,
+                                      model=self.roles.actor, tokenizer=self.roles.tokenizer)
 
     def _setup(self, resume: bool, overwrite: bool) -> None:
         from quartet.data import encode_prompts, load_prompts
@@ -115,20 +129,21 @@ class PPOTrainer:
             raise ConfigError(f"ppo.output_dir: {self.run_dir} already holds a PPO run; pass --resume to continue "
                               f"it or choose another output_dir")
         if resume and not ckpt.list_checkpoints(self.run_dir):
-            raise ConfigError(f"{self.run_dir}: --resume given but there is no checkpoint under "
-                              f"{self.run_dir / 'checkpoints'}")
+            raise ConfigError(_no_checkpoint(self.run_dir))
         # FSDP / ZeRO-3 (accelerate on GPUs): what does not yet handle sharded weights is refused here
         self.sharded = sharding.refuse_unsupported(self.accelerator, "ppo", {
             "a critic (use critic: none, e.g. advantage: grpo)": cfg.critic_kind != "none",
             "checkpoints (set save_every: 0)": bool(cfg.save_every), "--resume": resume})
         self.estimator = get_estimator(cfg.advantage)
         self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
+        # names, reward specs and prompts before the first model loads: a typo costs a second, not a load
+        check_names("ppo", cfg)
+        examples = load_prompts(cfg.prompts)
         torch.manual_seed(cfg.seed)
         self.roles = build_roles(cfg, needs_critic=cfg.critic_kind != "none", sharded=bool(self.sharded))
         tok = self.roles.tokenizer
 
         # prompts: encoded once, sampled in a seeded order per pass
-        examples = load_prompts(cfg.prompts)
         encoded = encode_prompts(tok, [e.prompt for e in examples], cfg.prompts.max_prompt_tokens,
                                  cfg.prompts.truncation, cfg.prompts.chat_template, where=cfg.prompts.path)
         limit = getattr(self.roles.actor.config, "max_position_embeddings", None)
@@ -194,6 +209,10 @@ class PPOTrainer:
             cfg.reuse_sampling_logprobs and isinstance(engine, HFEngine) and engine.dtype == torch.float32
             and not policy.shared_critic and policy.trunk is None and not sharded)
         self.resumed, self._config_changed, self._output_started = resume, False, False
+        self._notes: list[str] = []
+        """what resumes changed, kept as comments at the top of config.yaml and listed in summary.md"""
+        self.extended_from: int | None = None
+        """the iterations the run had before this resume changed them"""
         if resume:
             self._resume()
 
@@ -385,7 +404,7 @@ class PPOTrainer:
         if finite:
             self.optimizer.step()
         else:
-            log.warning("ppo: non-finite gradient norm, update skipped")
+            log.warning("%s: non-finite gradient norm, update skipped", self.estimator.algorithm)
         self.optimizer.zero_grad(set_to_none=True)
         return norms, finite
 
@@ -394,7 +413,8 @@ class PPOTrainer:
                     if p.requires_grad and not torch.isfinite(p).all()), None)
         if bad is not None:
             raise NonFiniteWeights(
-                f"ppo: iteration {iteration} made weight {bad} non-finite (check optim.lr and the rewards); "
+                f"{self.estimator.algorithm}: iteration {iteration} made weight {bad} non-finite (check optim.lr and "
+                f"the rewards); "
                 f"nothing from this iteration was saved, the newest checkpoint is the one to resume from"
             )
 
@@ -405,17 +425,24 @@ class PPOTrainer:
 
         cfg, doctor = self.cfg, self.doctor
         metrics, stopped_by, iteration = {}, None, self.start_iteration
-        bar = tqdm(range(self.start_iteration + 1, cfg.iterations + 1), desc="ppo", initial=self.start_iteration,
-                   total=cfg.iterations, disable=not (self.progress and self.main), dynamic_ncols=True)
-        with self._lock, MetricsLogger(self.run_dir, "ppo", tracking=cfg.tracking, params=cfg) if self.main else \
+        bar = tqdm(range(self.start_iteration + 1, cfg.iterations + 1), desc=self.estimator.algorithm,
+                   initial=self.start_iteration, total=cfg.iterations, disable=not (self.progress and self.main),
+                   dynamic_ncols=True)
+        with self._lock, MetricsLogger(self.run_dir, "ppo", tracking=cfg.tracking, params=cfg,
+                                       algorithm=self.estimator.algorithm) if self.main else \
                 contextlib.nullcontext() as logger:
+            self.events.train_begin()
             for iteration in bar:
                 metrics = self.step(iteration)
+                stop_asked = self.events.step(iteration)
                 if self.main:
                     self._start_output()
                     logger.log(iteration, metrics)
+                self.events.log(iteration, metrics)
+                if self.main:
                     append_samples(self.run_dir, self._last_samples)
-                    if not self.sharded:  # a best copy would hold this process's shard only
+                    # not sharded: a best copy would hold this process's shard only
+                    if not self.sharded and cfg.best_metric != "none":
                         self.best.update(iteration, metrics, self.accelerator.unwrap_model(self.model))
                 bar.set_postfix(score=f"{metrics['objective/score']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
                                 len=f"{metrics['rollout/length_mean']:.0f}", ent=f"{metrics['policy/entropy']:.2f}")
@@ -424,11 +451,12 @@ class PPOTrainer:
                         tqdm.write(finding.format())
                 if cfg.save_every and iteration % cfg.save_every == 0 and iteration < cfg.iterations:
                     self.save_checkpoint(iteration)
-                if doctor.should_stop:
-                    stopped_by = doctor.stop_reason
+                if doctor.should_stop or stop_asked:
+                    stopped_by = doctor.stop_reason if doctor.should_stop else "a callback"
                     if self.main:
-                        tqdm.write(f"ppo: stopping at iteration {iteration}: {stopped_by}")
+                        tqdm.write(f"{self.estimator.algorithm}: stopping at iteration {iteration}: {stopped_by}")
                     break
+            self.events.train_end()
             bar.close()
             return self._finish(iteration, metrics, stopped_by)
 
@@ -437,13 +465,16 @@ class PPOTrainer:
 
         if self.main:
             self._start_output()  # a resumed run that had no iteration left to run
-        if not self.sharded:  # sharded: no checkpoints (refused at start-up); the final model below is full
+        # save_every: 0 keeps no checkpoint, the last one neither; sharded: none (refused at start-up), the final
+        # model below is full
+        if self.cfg.save_every and not self.sharded:
             self.save_checkpoint(iteration)
         policy = self.accelerator.unwrap_model(self.model)
-        result = PPOResult(self.run_dir, self.run_dir / "model", None, iteration, metrics, stopped_by)
+        result = PPOResult(self.run_dir, self.run_dir / "model", None, iteration, metrics, stopped_by,
+                           self.extended_from)
         with sharding.saveable(self.accelerator, self.model, "actor") as actor:  # every process: a collective
             if self.main:
-                save_model(actor, self.roles.tokenizer, result.model_dir)
+                save_model(actor, self.roles.tokenizer, result.model_dir, card=self._card(result))
         if self.main:
             if policy.critic is not None and policy.shared_critic:
                 save_value_head(policy.critic, self.run_dir / "value_head.safetensors")
@@ -453,16 +484,28 @@ class PPOTrainer:
                 result.best_dir = self.run_dir / "best"
                 current = ckpt.trainable_state(policy)
                 self.best.load_into(policy)
-                save_model(policy.actor, self.roles.tokenizer, result.best_dir)
+                save_model(policy.actor, self.roles.tokenizer, result.best_dir, card=self._card(result, best=True))
                 ckpt.load_trainable_state(policy, current, "current")
             from quartet.monitor.doctor import diagnose_run
 
             diagnose_run(self.run_dir)
-            summary = _summary(self.cfg, result, self.best)
+            summary = _summary(self.cfg, result, self.best, self._notes)
             atomic_write_text(self.run_dir / "summary.md", summary)
             print(summary)
         self.accelerator.wait_for_everyone()
         return result
+
+    def _card(self, result: PPOResult, best: bool = False):
+        """The model card of the final (or the best) policy: the last iteration's numbers (the best one's value)."""
+        precision = loop.precision_name(self.cfg.precision)
+        if best:
+            return stage_card("ppo", self.cfg, {self.cfg.best_metric: self.best.value}, precision=precision, note=(
+                f"This is the best iteration by {self.cfg.best_metric} (iteration {self.best.iteration} of "
+                f"{result.iterations}); the final policy is in `model/`."))
+        stopped = f" (stopped by {result.stopped_by})" if result.stopped_by else ""
+        numbers = {k: result.metrics[k] for k in CARD_METRICS if k in result.metrics}
+        return stage_card("ppo", self.cfg, {"iterations": f"{result.iterations}/{self.cfg.iterations}{stopped}",
+                                            **numbers}, precision=precision)
 
     def save_checkpoint(self, iteration: int) -> Path | None:
         self.accelerator.wait_for_everyone()
@@ -481,6 +524,7 @@ class PPOTrainer:
                                         protect=self.resumed_from)
             self.best.prune()
         self.accelerator.wait_for_everyone()
+        self.events.save(path)
         return path
 
     def _start_output(self) -> None:
@@ -494,21 +538,28 @@ class PPOTrainer:
             return
         self._output_started = True
         if not self.resumed or self._config_changed:  # a resume records its allowed changes
-            save_config(self.cfg, self.run_dir / "config.yaml")
+            save_config(self.cfg, self.run_dir / "config.yaml", self._notes)
+        if self.resumed:  # the run it continues is not finished any more (see `_resume`)
+            (self.run_dir / "summary.md").unlink(missing_ok=True)
         write_marker(self.run_dir, "ppo")
         for name in ("metrics.jsonl", "samples.jsonl"):
             truncate_after(self.run_dir / name, "ppo", self.start_iteration)
 
     def _resume(self) -> None:
         # the checkpoint first: an unreadable or pickled one is the thing to say, whatever the settings
+        cfg, saved = self.cfg, self.run_dir / "config.yaml"
         path, state = ckpt.load_latest(self.run_dir, {"policy": self.accelerator.unwrap_model(self.model)},
-                                       max_iteration=self.cfg.iterations, required=STATE_FIELDS)
-        self.resumed_from = path
-        changed = ckpt.check_resume_config(self.run_dir / "config.yaml", to_dict(self.cfg), RESUMABLE_CHANGES,
-                                           schedule_decays=self.cfg.optim.schedule != "constant", where="ppo --resume")
-        if changed and self.main:
-            log.info("ppo --resume: %s (recorded in config.yaml)", changed)
-            self._config_changed = True
+                                       required=STATE_FIELDS)
+        self.resumed_from, done = path, int(state["iteration"])
+        changed = ckpt.check_resume_config(saved, to_dict(cfg), RESUMABLE_CHANGES, where="ppo --resume",
+                                           unset_ok=FILLED_DEFAULTS)
+        # a run that has `done` iterations and wrote its summary finished them; without the summary (removed when a
+        # resumed run starts, written last) it was stopped while finishing, and resuming completes that
+        if done > cfg.iterations or (done == cfg.iterations and (self.run_dir / "summary.md").is_file()):
+            raise ConfigError(f"ppo --resume: {self.run_dir} already has {done} iterations ({path.name}), so "
+                              f"iterations={cfg.iterations} adds none; pass iterations=N with N > {done} to extend it")
+        lines = saved.read_text(encoding="utf-8").splitlines()
+        self._notes = [line.removeprefix("# ") for line in itertools.takewhile(lambda x: x.startswith("#"), lines)]
         try:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
@@ -518,11 +569,53 @@ class PPOTrainer:
             self.best.load_state_dict(state["best"])
         except (KeyError, ValueError, TypeError, RuntimeError) as e:
             raise ConfigError(f"{path / ckpt.STATE_JSON}: does not fit this run's optimizer or controllers ({e})") from None
-        self.start_iteration = int(state["iteration"])
-        log.info("ppo: resumed from %s (iteration %d)", path, self.start_iteration)
+        # the scheduler's state holds the step reached, not the schedule's length: from here it follows the schedule
+        # of a run of cfg.iterations. The optimizer holds the lr of the schedule its checkpoint was written under (0
+        # at the end of a decay) for the next step: set cfg.iterations' one, the same number when that is unchanged
+        # (and when an extension that changed it stopped before this checkpoint's successor)
+        lr, new_lr = self.optimizer.param_groups[0]["lr"], loop.set_scheduled_lr(self.scheduler)[0]
+        if "iterations" in changed:
+            old = changed["iterations"][0]
+            self.extended_from = old
+            kind = "extended_from" if cfg.iterations > old else "shortened_from"
+            self._notes.append(
+                f"ppo --resume at iteration {done}: iterations {old} -> {cfg.iterations} ({kind}: {old}); the "
+                f"{cfg.optim.schedule} LR schedule rebuilt over {cfg.iterations} iterations, continuing from optimizer "
+                f"step {done * cfg.updates_per_iteration} of {cfg.iterations * cfg.updates_per_iteration}: "
+                f"lr {lr:.3g} -> {new_lr:.3g}")
+        if changed and self.main:
+            log.info("ppo --resume: %s (recorded in config.yaml)",
+                     "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
+            if self.extended_from is not None:
+                log.info("%s", self._notes[-1])
+            self._config_changed = True
+        self.start_iteration = done
+        log.info("%s: resumed from %s (iteration %d)", self.estimator.algorithm, path, self.start_iteration)
 
 
-def _summary(cfg: PPOConfig, result: PPOResult, best: ckpt.BestTracker) -> str:
+def _no_checkpoint(run_dir: Path) -> str:
+    """What to do when --resume finds no checkpoint: a finished run that kept none goes on as a new run from its
+    final model (against the same reference); one stopped before it finished starts again."""
+    head = f"{run_dir}: --resume given but there is no checkpoint under {run_dir / 'checkpoints'}"
+    try:
+        saved = read_yaml(run_dir / "config.yaml")
+    except ConfigError:
+        saved = {}
+    why = " (it ran with save_every: 0, which keeps none)" if saved.get("save_every") == 0 else ""
+    if (run_dir / "model").is_dir():
+        reference = saved.get("reference") or saved.get("policy") or "<the policy it started from>"
+        return (f"{head}{why}; to train its policy further, start a new run from its model: "
+                f"policy={run_dir / 'model'} reference={reference} output_dir=<a new folder> (a new optimizer, "
+                f"schedule and critic; with save_every > 0 that run can be extended with --resume iterations=N)")
+    return f"{head}{why}; run it again without --resume (with save_every > 0 to be able to resume it)"
+
+
+CARD_METRICS = ("objective/score", "objective/gold", "objective/kl", "policy/entropy", "rollout/length_mean",
+                "rollout/eos_rate")
+"""the last iteration's numbers a model card states"""
+
+
+def _summary(cfg: PPOConfig, result: PPOResult, best: ckpt.BestTracker, notes: list[str]) -> str:
     m = result.metrics
     keys = ["objective/score", "objective/gold", "objective/kl", "objective/kl_coef", "policy/entropy",
             "policy/clipfrac", "value/loss", "value/explained_variance", "rollout/length_mean",
@@ -535,15 +628,18 @@ def _summary(cfg: PPOConfig, result: PPOResult, best: ckpt.BestTracker) -> str:
         + (f" (stopped by {result.stopped_by})" if result.stopped_by else ""),
         "final model": result.model_dir,
     }
+    if notes:  # what resumes changed (config.yaml keeps the same lines)
+        run["resumes"] = "; ".join(notes)
     if result.best_dir is not None:
         run[f"best by {cfg.best_metric}"] = f"iteration {best.iteration} ({best.value:.4g}) at {result.best_dir}"
-    return loop.format_summary("PPO summary" if cfg.advantage == "gae" else f"{cfg.advantage} summary", {
+    return loop.format_summary(f"{get_estimator(cfg.advantage).title} summary", {
         "run": run, "last iteration": {k: m[k] for k in keys if k in m},
     })
 
 
-def train_ppo(cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False) -> PPOResult:
-    return PPOTrainer(cfg, resume=resume, progress=progress, overwrite=overwrite).train()
+def train_ppo(cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False,
+              callbacks=None) -> PPOResult:
+    return PPOTrainer(cfg, resume=resume, progress=progress, overwrite=overwrite, callbacks=callbacks).train()
 
 
 def cli(args) -> int:

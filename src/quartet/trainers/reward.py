@@ -35,11 +35,14 @@ from quartet.data import (
 )
 from quartet.errors import DataError, ModelError
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
+from quartet.models.card import stage_card
 from quartet.models.loading import check_context
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
+from quartet.preflight import check_names
 from quartet.rollout.engine import make_engine
 from quartet.trainers import loop, sharding
+from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 
 log = logging.getLogger("quartet")
 BUCKETS = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)
@@ -75,11 +78,14 @@ class RewardResult:
     seconds: float
 
 
-def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
+def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> RewardResult:
+    """`callbacks`: objects with on_step / on_log / on_evaluate / on_save ... (quartet.trainers.callbacks)."""
     validate(cfg)
+    callbacks = check_callbacks(callbacks)
     check_output_dir(cfg.output_dir, "rm", overwrite)  # before any work (checked again when it is written)
     loop.seed_everything(cfg.seed)
-    # 1. inputs first: data, margins, model, tokens -- all before the run dir is touched
+    # 1. inputs first: names and specs, data, margins, model, tokens -- all before the run dir is touched
+    check_names("rm", cfg)
     pairs = load_preferences(cfg.data)
     given = load_preferences(cfg.eval_data) if cfg.eval_data is not None else None
     train_ex, eval_ex = loop.split_train_eval(pairs, cfg.eval_fraction, cfg.seed, given)
@@ -114,6 +120,8 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
     optimizer, scheduler = loop.make_optimizer(rm, cfg.optim, total, accelerator.num_processes)
     rm, optimizer, train_loader, scheduler = accelerator.prepare(rm, optimizer, train_loader, scheduler)
     trainable, n_params = loop.count_parameters(rm)
+    events = CallbackHandler(callbacks, cfg, "rm", total, accelerator, model=accelerator.unwrap_model(rm),
+                             tokenizer=tok)
 
     with loop.run_dir(cfg.output_dir, accelerator, "rm", overwrite) as run_dir:
         save_config(cfg, run_dir / "config.yaml")
@@ -123,8 +131,8 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
             if first:
                 metrics.log(0, {"rm/eval_accuracy": first.accuracy, "rm/eval_margin": first.margin})
             timer = loop.Timer()
-            train_loss, final = _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator,
-                                       metrics, total)
+            train_loss, final, steps = _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator,
+                                              metrics, total, events)
             seconds = timer.seconds
         finally:
             metrics.close()
@@ -133,14 +141,18 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False) -> RewardResult:
         mean, std, normalized_on = _normalization(cfg, rm, train_ex, norm_prompts, norm_answers, max_len)
         rm.set_normalization(mean, std)
         if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
-            save_reward_model(rm, run_dir / "model")
-        result = RewardResult(Path(cfg.output_dir), Path(cfg.output_dir) / "model", total, train_loss,
+            held = {"eval accuracy": final.accuracy, "eval margin": final.margin} if final else {}
+            card = stage_card("rm", cfg, {"train loss": train_loss, **held, "optimizer steps": steps},
+                              precision=loop.precision_name(cfg.precision))
+            save_reward_model(rm, run_dir / "model", card=card)
+        result = RewardResult(Path(cfg.output_dir), Path(cfg.output_dir) / "model", steps, train_loss,
                               first, final, mean, std, normalized_on, seconds)
         report = {"eval": asdict(final) if final else None, "bucket_edges": [str(e) for e in BUCKETS],
                   "normalization": {"mean": mean, "std": std, "on": normalized_on}}
         atomic_write_text(run_dir / "calibration.json", json.dumps(report, indent=2) + "\n")
         summary = _summary(cfg, result, len(train_rows), len(eval_rows), max_len, trainable, n_params)
         atomic_write_text(run_dir / "summary.md", summary)
+    events.save(result.model_dir)
     if accelerator.is_main_process:
         print(summary)
     return result
@@ -157,12 +169,15 @@ def bradley_terry_loss(r_chosen, r_rejected, margin=None, center_coef: float = 0
     return loss
 
 
-def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total):
+def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total, events):
+    """Micro-batches -> accumulate -> step; log every log_every, held-out pass every eval_every. A callback that
+    asks to stop makes the current step the last. Returns (train loss, held-out eval, steps taken)."""
     step, window, final, shown = 0, [], None, {}
     train_loss = float("nan")
     bar = Progress(total, "rm", keys={"rm/loss": "loss", "rm/accuracy": "acc", "rm/eval_accuracy": "eval_acc"},
                    every=cfg.log_every)
     rm.train()
+    events.train_begin()
     for batch in loop.forever(train_loader):
         with accelerator.accumulate(rm):
             r_chosen, r_rejected = _scores(rm, batch)
@@ -175,32 +190,39 @@ def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator
         if not accelerator.sync_gradients:
             continue
         step += 1
-        if step % cfg.log_every == 0 or step == total:
+        last = events.step(step) or step >= total
+        if step % cfg.log_every == 0 or last:
             # means over this window's micro-batches, then over processes (equal batch sizes: the global means)
             local = torch.tensor([statistics.fmean(col) for col in zip(*window)], dtype=torch.float64)
             if accelerator.num_processes > 1:
                 local = accelerator.reduce(local, "mean")
             train_loss, acc, margin = local.tolist()
             window = []
-            shown |= metrics.log(step, {
+            logs = {
                 "rm/loss": train_loss,
                 "rm/accuracy": acc,
                 "rm/margin": margin,
                 "optim/lr": scheduler.get_last_lr()[0],
                 "optim/grad_norm": grad_norm,
                 "memory/peak_rss_mb": peak_rss_mb(),
-            })
-        if len(eval_loader) and (step % cfg.eval_every == 0 or step == total):
+            }
+            shown |= metrics.log(step, logs)
+            events.log(step, logs)
+        if len(eval_loader) and (step % cfg.eval_every == 0 or last):
             final = evaluate(rm, eval_loader)
-            shown |= metrics.log(step, {"rm/eval_accuracy": final.accuracy, "rm/eval_margin": final.margin})
+            logs = {"rm/eval_accuracy": final.accuracy, "rm/eval_margin": final.margin}
+            shown |= metrics.log(step, logs)
+            events.log(step, logs)
+            events.evaluate(logs)
             rm.train()
         bar.update(step, shown)
-        if step >= total:
+        if last:
             break
+    events.train_end()
     bar.close()
     if not math.isfinite(train_loss):
         raise DataError("reward-model loss became non-finite; lower optim.lr or check the data")
-    return train_loss, final
+    return train_loss, final, step
 
 
 CHUNK_ROWS = 8
@@ -393,7 +415,7 @@ def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_p
             "training": {
                 "mode": f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tune",
                 "trainable parameters": f"{trainable:,} of {n_params:,}",
-                "precision": loop.mixed_precision(cfg.precision),
+                "precision": loop.precision_name(cfg.precision),
                 "optimizer steps": result.steps,
                 "time": f"{result.seconds:.1f} s ({result.seconds / result.steps:.3f} s/step)",
                 "final train loss": result.train_loss,

@@ -22,9 +22,12 @@ from quartet.config import SFTConfig, load_config, save_config, validate
 from quartet.data import IGNORE_INDEX, encode_sft, load_sft, right_pad
 from quartet.errors import DataError
 from quartet.models import apply_lora, load_causal_lm, precast_lora_base, save_model
+from quartet.models.card import stage_card
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
+from quartet.preflight import check_names
 from quartet.trainers import loop, sharding
+from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 
 log = logging.getLogger("quartet")
 
@@ -45,11 +48,14 @@ class SFTResult:
     seconds_per_step: float
 
 
-def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
+def train_sft(cfg: SFTConfig, overwrite: bool = False, callbacks=None) -> SFTResult:
+    """`callbacks`: objects with on_step / on_log / on_evaluate / on_save ... (quartet.trainers.callbacks)."""
     validate(cfg)
+    callbacks = check_callbacks(callbacks)
     check_output_dir(cfg.output_dir, "sft", overwrite)  # before any work (checked again when it is written)
     loop.seed_everything(cfg.seed)
-    # 1. everything the user controls is read and checked before the run dir is touched
+    # 1. everything the user controls is read and checked before the run dir is touched, and before the model loads
+    check_names("sft", cfg)
     examples = load_sft(cfg.data)
     eval_given = load_sft(cfg.eval_data) if cfg.eval_data is not None else None
     train_ex, eval_ex = loop.split_train_eval(examples, cfg.eval_fraction, cfg.seed, eval_given)
@@ -71,6 +77,8 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
     optimizer, scheduler = loop.make_optimizer(model, cfg.optim, total, accelerator.num_processes)
     model, optimizer, train_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, scheduler)
     trainable, n_params = loop.count_parameters(model)
+    events = CallbackHandler(callbacks, cfg, "sft", total, accelerator, model=accelerator.unwrap_model(model),
+                             tokenizer=tok)
 
     # 3. train into a temporary run dir that replaces output_dir only when complete
     with loop.run_dir(cfg.output_dir, accelerator, "sft", overwrite) as run_dir:
@@ -81,25 +89,27 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
             if eval_rows:
                 metrics.log(0, {"sft/eval_loss": first, "sft/eval_ppl": _ppl(first)})
             timer = loop.Timer()
-            train_loss, final = _train(cfg, model, optimizer, scheduler, train_loader, eval_loader,
-                                       accelerator, metrics, total)
+            train_loss, final, steps = _train(cfg, model, optimizer, scheduler, train_loader, eval_loader,
+                                              accelerator, metrics, total, events)
             seconds = timer.seconds
         finally:
             metrics.close()
         # under FSDP / ZeRO-3 a plain copy with the gathered full weights (every process takes part)
         with sharding.saveable(accelerator, model, keep_fp32_wrapper=False) as unwrapped:
             if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
-                save_model(unwrapped, tok, run_dir / "model")
+                card = stage_card("sft", cfg, {"train loss": train_loss, "eval loss": final, "optimizer steps": steps},
+                                  precision=loop.precision_name(cfg.precision))
+                save_model(unwrapped, tok, run_dir / "model", card=card)
         result = SFTResult(
             run_dir=Path(cfg.output_dir),
             model_dir=Path(cfg.output_dir) / "model",
-            steps=total,
+            steps=steps,
             train_loss=train_loss,
             eval_loss=final,
             eval_ppl=_ppl(final),
             first_eval_loss=first,
             seconds=seconds,
-            seconds_per_step=seconds / total,
+            seconds_per_step=seconds / steps,
         )
         summary = loop.format_summary(
             f"SFT: {cfg.model}",
@@ -114,8 +124,8 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
                 "training": {
                     "mode": f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tune",
                     "trainable parameters": f"{trainable:,} of {n_params:,}",
-                    "precision": loop.mixed_precision(cfg.precision),
-                    "optimizer steps": total,
+                    "precision": loop.precision_name(cfg.precision),
+                    "optimizer steps": total if steps == total else f"{steps} of {total} (stopped by a callback)",
                     "micro-batch x grad_accum": f"{cfg.batch_size} x {cfg.grad_accum}",
                     "time": f"{seconds:.1f} s ({result.seconds_per_step:.3f} s/step)",
                     "final train loss": train_loss,
@@ -129,13 +139,16 @@ def train_sft(cfg: SFTConfig, overwrite: bool = False) -> SFTResult:
             },
         )
         atomic_write_text(run_dir / "summary.md", summary)
+    events.save(result.model_dir)
     if accelerator.is_main_process:
         print(summary)
     return result
 
 
-def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total):
-    """The loop: grad_accum micro-batches -> step; log every log_every, eval every eval_every.
+def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total, events):
+    """The loop: grad_accum micro-batches -> step; log every log_every, eval every eval_every. A callback that
+    asks to stop makes the current step the last: logged and evaluated as the last one is. Returns
+    (train loss, held-out loss, steps taken).
 
     The loss of a step is the mean over every completion token of its micro-batches on every process:
     each micro-batch's token-mean is weighted by its share of those tokens (times the process count, as
@@ -149,6 +162,7 @@ def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelera
     bar = Progress(total, "sft", keys={"sft/loss": "loss", "sft/eval_loss": "eval_loss"}, every=cfg.log_every)
     model.train()
     batches = loop.forever(train_loader)
+    events.train_begin()
     while step < total:
         group = [next(batches) for _ in range(cfg.grad_accum)]
         counts = [(b["labels"][:, 1:] != IGNORE_INDEX).sum() for b in group]
@@ -160,25 +174,34 @@ def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelera
             window += torch.stack([loss.detach().double() * n, n.double()])
         grad_norm = loop.optimizer_step(accelerator, model, optimizer, scheduler, cfg.optim.max_grad_norm)
         step += 1
-        if step % cfg.log_every == 0 or step == total:
+        last = events.step(step) or step == total
+        if step % cfg.log_every == 0 or last:
             total_loss, total_tokens = _reduce(accelerator, window).tolist()
             train_loss = total_loss / max(total_tokens, 1)
             window = torch.zeros(2, dtype=torch.float64)
-            shown |= metrics.log(step, {
+            logs = {
                 "sft/loss": train_loss,
                 "optim/lr": scheduler.get_last_lr()[0],
                 "optim/grad_norm": grad_norm,
                 "memory/peak_rss_mb": peak_rss_mb(),
-            })
-        if len(eval_loader) and (step % cfg.eval_every == 0 or step == total):
+            }
+            shown |= metrics.log(step, logs)
+            events.log(step, logs)
+        if len(eval_loader) and (step % cfg.eval_every == 0 or last):
             final = _evaluate(model, eval_loader, accelerator)
-            shown |= metrics.log(step, {"sft/eval_loss": final, "sft/eval_ppl": _ppl(final)})
+            logs = {"sft/eval_loss": final, "sft/eval_ppl": _ppl(final)}
+            shown |= metrics.log(step, logs)
+            events.log(step, logs)
+            events.evaluate(logs)
             model.train()
         bar.update(step, shown)
+        if last:
+            break
+    events.train_end()
     bar.close()
     if not math.isfinite(train_loss):
         raise DataError("SFT loss became non-finite; lower optim.lr or check the data")
-    return train_loss, final
+    return train_loss, final, step
 
 
 def _reduce(accelerator, x: torch.Tensor) -> torch.Tensor:
