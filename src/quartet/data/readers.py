@@ -128,9 +128,13 @@ def _mode(p: Path, source: str) -> int:
     except OSError as e:
         raise DataError(f"{source}: cannot be read ({e.strerror})") from None
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        what = _SPECIAL.get(stat.S_IFMT(mode), "not a regular file")
-        raise DataError(f"{source}: is {what}, not a data file; data is read from regular files only")
+        raise _not_regular(mode, source)
     return mode
+
+
+def _not_regular(mode: int, source: str) -> DataError:
+    what = _SPECIAL.get(stat.S_IFMT(mode), "not a regular file")
+    return DataError(f"{source}: is {what}, not a data file; data is read from regular files only")
 
 
 def _open_regular(p: Path, source: str):
@@ -145,8 +149,7 @@ def _open_regular(p: Path, source: str):
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            what = _SPECIAL.get(stat.S_IFMT(mode), "not a regular file")
-            raise DataError(f"{source}: is {what}, not a data file; data is read from regular files only")
+            raise _not_regular(mode, source)
         if nonblock:
             os.set_blocking(fd, True)
     except BaseException:
