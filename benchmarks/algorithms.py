@@ -163,7 +163,7 @@ def train_rl(pcfg, budget: float) -> dict:
         while elapsed < budget and iteration < pcfg.iterations:
             iteration += 1
             t = time.perf_counter()
-            metrics = trainer.step(iteration)
+            metrics = trainer.step(iteration).metrics
             elapsed += time.perf_counter() - t
             logger.log(iteration, metrics)
             print(f"  {pcfg.advantage} it {iteration}: {elapsed:.0f}s score {metrics['objective/score']:.3f} "

@@ -84,7 +84,7 @@ def main() -> None:
         start = int(newest[-1].name.split("-")[1])
         cfg = from_dict(PPOConfig, raw)  # the run's own settings, so the checkpoint resumes
         trainer = PPOTrainer(cfg, resume=True, progress=False)
-        if trainer.roles.critic is None or not trainer.roles.policy.shared_critic:
+        if trainer.roles.critic is None or not trainer.roles.shared_critic:
             raise SystemExit("error: this measures a shared value head (critic: shared); the run has none")
         # sample --samples responses to each of --prompts prompts (the run's own G and batch otherwise)
         trainer.cfg.samples_per_prompt, trainer.cfg.rollout_batch_size = args.samples, args.prompts

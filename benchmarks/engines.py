@@ -91,7 +91,7 @@ def run_one(args) -> dict:
     times, gaps, gens = [], [], []
     for it in range(1, cfg.iterations + 1):
         t = time.perf_counter()
-        m = trainer.step(it)
+        m = trainer.step(it).metrics
         if it > 1:
             times.append(time.perf_counter() - t)
             gens.append(m["timing/generate"])

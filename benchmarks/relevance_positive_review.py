@@ -23,7 +23,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from quartet.judges import load_reward_fn
+from quartet.rollout.rewards import load_reward_fn
 from quartet.tasks import get_task
 from quartet.tasks.positive_review import ON_TASK_HI, ON_TASK_LO
 

@@ -24,9 +24,9 @@ import torch
 
 from quartet.config import DataConfig, GenerationConfig, LabelConfig, RewardConfig, from_dict
 from quartet.data import encode_prompts, left_pad, load_prompts, render_conversation
-from quartet.judges import load_reward_fn
 from quartet.models import load_causal_lm, load_reward_model
 from quartet.rollout.engine import HFEngine
+from quartet.rollout.rewards import load_reward_fn
 from quartet.trainers.label import label
 from quartet.trainers.reward import train_reward
 

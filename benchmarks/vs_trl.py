@@ -191,7 +191,7 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
     for it in range(1, cfg.iterations + 1):
         wait_go()
         t = time.perf_counter()
-        m = trainer.step(it)
+        m = trainer.step(it).metrics
         total = time.perf_counter() - t
         tokens = BATCH * NEW_TOKENS
         scoring = m["timing/score"] + m["timing/forward"] + m["timing/reference"]

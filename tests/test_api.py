@@ -33,7 +33,7 @@ def prompt_rows(n: int = 8) -> list[dict]:
 
 
 def ppo_kwargs(tmp_path, **over) -> dict:
-    """The sizes tests/trainers/test_ppo.py's make_cfg runs in seconds, as API keywords."""
+    """Sizes like tests/builders.py's tiny_ppo, which runs in seconds, as API keywords."""
     kw = dict(output_dir=str(tmp_path / "ppo"), iterations=1, rollout_batch_size=4, minibatch_size=4,
               micro_batch_size=4, ppo_epochs=1, generation={"max_new_tokens": 4, "batch_size": 16},
               optim={"lr": 1e-3}, precision="fp32")
@@ -204,7 +204,7 @@ def test_a_reward_that_takes_neither_signature_is_refused():
 
 
 def test_a_memory_name_lives_as_long_as_its_trainer():
-    from quartet.judges import load_reward_fn
+    from quartet.rollout.rewards import load_reward_fn
 
     trainer = quartet.PPOTrainer(reward=quartet_reward)
     assert load_reward_fn(trainer.config.reward)(["p"], ["abcd"]) == [1.0]

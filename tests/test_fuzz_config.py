@@ -193,8 +193,8 @@ def test_a_config_built_in_python_is_checked_like_yaml():
     cfg = SFTConfig(batch_size="8")
     with pytest.raises(ConfigError, match="batch_size: must be an integer, got '8'"):
         validate(cfg)
-    cfg = PPOConfig(stop_on=[["kl_blowup"]])
-    with pytest.raises(ConfigError, match="stop_on"):
+    cfg = PPOConfig(stop_on="kl_blowup")
+    with pytest.raises(ConfigError, match="stop_on: must be a list, got 'kl_blowup'"):
         validate(cfg)
 
 

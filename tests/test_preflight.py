@@ -32,7 +32,7 @@ def no_model_load(monkeypatch, tmp_path):
     def loader_called(*args, **kwargs):
         raise AssertionError("loader called")
 
-    for name in ("build_tiny", "_load_dir", "_load_gguf", "_load_memory"):
+    for name in ("build_tiny", "_load_dir", "load_gguf", "_load_memory"):
         monkeypatch.setattr(loading, name, loader_called, raising=name != "_load_memory")
     monkeypatch.setattr(reward_models, "_load_seq_cls_dir", loader_called)
     monkeypatch.chdir(tmp_path)

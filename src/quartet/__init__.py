@@ -2,7 +2,10 @@
 
 __version__ = "0.1.0"
 
+import importlib
+
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
+from quartet.quiet import quiet_by_default
 
 __all__ = ["Callback", "ConfigError", "DPOConfig", "DPOTrainer", "DataError", "GRPOConfig", "GRPOTrainer",
            "LabelConfig", "ModelError", "PPOConfig", "PPOTrainer", "QuartetError", "RLOOConfig", "RLOOTrainer",
@@ -24,10 +27,6 @@ _LAZY = {
 def __getattr__(name: str):
     """`quartet.PPOTrainer`, `quartet.train_dpo` and the rest without importing torch at `import quartet`."""
     if name in _LAZY:
-        import importlib
-
-        from quartet.quiet import quiet_by_default
-
         if name != "quiet_third_party":
             quiet_by_default()  # the API is as quiet as the CLI without -v, unless the user chose first
         return getattr(importlib.import_module(_LAZY[name]), name)

@@ -15,7 +15,7 @@ It stays thin: objects are registered under ``memory:`` names (quartet.handles),
 config dict; that dict goes through `config.from_dict` and `config.validate` and the stage's own function, exactly
 as `quartet <stage> key=value` does, so every mistake is the ConfigError / DataError / ModelError the CLI prints
 (before any model loads). A list of rewards becomes ``sum(w1*f1, w2*f2, ...)`` with each ``f`` also a monitor judge,
-logged as ``rollout/reward_<name>`` and computed once per rollout (quartet.judges).
+logged as ``rollout/reward_<name>`` and computed once per rollout (quartet.rollout.rewards).
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import os
 import re
 import typing
 import weakref
+
+import torch
 
 from quartet import handles
 from quartet.config import (
@@ -40,9 +42,21 @@ from quartet.config import (
     SFTConfig,
     from_dict,
     merge,
+    read_yaml,
     validate,
 )
 from quartet.errors import ConfigError, DataError
+from quartet.eval.evaluate import evaluate as run_eval
+from quartet.monitor.rules import check_rule_names
+from quartet.pipeline import PipelineConfig, wire
+from quartet.pipeline import run_pipeline as run_configured_pipeline
+from quartet.rollout.rewards import as_reward_fn
+from quartet.trainers import ppo
+from quartet.trainers.callbacks import check_callbacks
+from quartet.trainers.dpo import train_dpo
+from quartet.trainers.label import label as run_label
+from quartet.trainers.reward import train_reward
+from quartet.trainers.sft import train_sft
 
 MODEL_FIELDS = ("model", "policy", "reference", "critic_init", "normalize_policy")
 """config fields that name a model: a loaded model object may stand there"""
@@ -75,8 +89,6 @@ class _Objects:
             return os.fspath(value)
         if isinstance(value, tuple) and len(value) == 2:
             value, tokenizer = value
-        import torch
-
         if not isinstance(value, torch.nn.Module):
             raise ConfigError(f"{where}: expected a model name, a path or a loaded transformers model, got "
                               f"{type(value).__name__}")
@@ -119,8 +131,6 @@ class _Objects:
             return value
         if not callable(value):
             raise ConfigError(f"{where}: expected a reward spec or a callable, got {type(value).__name__}")
-        from quartet.judges import as_reward_fn
-
         name = _callable_name(value)
         as_reward_fn(value, name, where)  # its signature checked now; loading it checks again
         return self._register("reward", value, name)
@@ -219,8 +229,6 @@ class _Trainer:
 
     def __init__(self, model=None, args=None, *, config=None, tokenizer=None, processing_class=None,
                  train_dataset=None, eval_dataset=None, callbacks=None, overwrite: bool = False, **fields):
-        from quartet.trainers.callbacks import check_callbacks
-
         if dataclasses.is_dataclass(model) and not isinstance(model, type):  # Trainer(cfg): the config first
             model, config = None, model
         if args is not None and config is not None:
@@ -254,8 +262,6 @@ class SFTTrainer(_Trainer):
     config_class, stage = SFTConfig, "sft"
 
     def train(self):
-        from quartet.trainers.sft import train_sft
-
         return train_sft(self.config, overwrite=self.overwrite, callbacks=self.callbacks)
 
 
@@ -265,8 +271,6 @@ class RewardTrainer(_Trainer):
     config_class, stage = RewardConfig, "rm"
 
     def train(self):
-        from quartet.trainers.reward import train_reward
-
         return train_reward(self.config, overwrite=self.overwrite, callbacks=self.callbacks)
 
 
@@ -277,8 +281,6 @@ class DPOTrainer(_Trainer):
     aliases = {"ref_model": "reference"}
 
     def train(self):
-        from quartet.trainers.dpo import train_dpo
-
         return train_dpo(self.config, overwrite=self.overwrite, callbacks=self.callbacks)
 
 
@@ -294,6 +296,7 @@ class PPOTrainer(_Trainer):
         self.resume, self.progress, self.trainer = resume, progress, None
         self._reward_funcs, self._reward_weights = reward_funcs, reward_weights
         super().__init__(*args, **kwargs)
+        check_rule_names(self.config.stop_on, "ppo.stop_on")  # the doctor's rules: config knows none of them
 
     def _rewards(self, given: dict) -> None:
         funcs = self._reward_funcs
@@ -312,9 +315,7 @@ class PPOTrainer(_Trainer):
             given["monitor_judges"] = {**(given.get("monitor_judges") or {}), **monitors}
 
     def train(self):
-        from quartet.trainers.ppo import PPOTrainer as Trainer
-
-        self.trainer = Trainer(self.config, resume=self.resume, progress=self.progress, overwrite=self.overwrite,
+        self.trainer = ppo.PPOTrainer(self.config, resume=self.resume, progress=self.progress, overwrite=self.overwrite,
                                callbacks=self.callbacks)
         return self.trainer.train()
 
@@ -335,8 +336,6 @@ class RLOOTrainer(PPOTrainer):
 def label(config=None, *, tokenizer=None, overwrite: bool = False, **fields):
     """Stage 2, AI feedback (quartet.trainers.label): a LabelConfig or dict, and/or its fields (policy may be a
     loaded model with tokenizer=, prompts rows, judge a callable) -> LabelResult."""
-    from quartet.trainers.label import label as run_label
-
     objects = _Objects(tokenizer=tokenizer)
     try:
         cls, data = _base(LabelConfig, "label", config)
@@ -351,8 +350,6 @@ def evaluate(checkpoints, *, tokenizer=None, prompts="task:positive-review/eval"
              reference=None, baseline=None, **kwargs):
     """quartet.eval.evaluate with objects: checkpoints (and reference, baseline) may be loaded models (with
     tokenizer=, or (model, tokenizer) pairs), prompts rows, gold and relevance callables -> EvalResult."""
-    from quartet.eval.evaluate import evaluate as run_eval
-
     objects = _Objects(tokenizer=tokenizer)
     try:
         items = list(checkpoints) if isinstance(checkpoints, (list, tuple)) and not _is_pair(checkpoints) \
@@ -374,10 +371,6 @@ def evaluate(checkpoints, *, tokenizer=None, prompts="task:positive-review/eval"
 def run_pipeline(config=None, *, force: bool = False, **fields) -> dict:
     """`quartet run` from Python: a pipeline YAML path, a dict or a PipelineConfig, and/or its fields (stage
     sections as dicts, which may hold objects as the trainers take them) -> {stage: seconds}."""
-    from quartet.config import read_yaml
-    from quartet.pipeline import PipelineConfig, wire
-    from quartet.pipeline import run_pipeline as run
-
     objects = _Objects()
     try:
         if isinstance(config, PipelineConfig):  # already built (and wired) by load_pipeline or by hand
@@ -389,14 +382,12 @@ def run_pipeline(config=None, *, force: bool = False, **fields) -> dict:
             data = objects.convert(PipelineConfig, merge(data, fields))
             cfg = wire(from_dict(PipelineConfig, data), data)
         validate(cfg)
-        return run(cfg, force=force)
+        return run_configured_pipeline(cfg, force=force)
     finally:
         objects.release()
 
 
 def _is_pair(value) -> bool:
-    import torch
-
     return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], torch.nn.Module)
 
 

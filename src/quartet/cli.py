@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import logging
 import os
 import signal
 import sys
 
+from quartet.allocator import retain_freed_memory
 from quartet.atomic import write_failure
 from quartet.errors import QuartetError
 from quartet.quiet import quiet_third_party
@@ -113,14 +115,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     target, _ = STAGES[args.command]
     module_name, func_name = target.split(":")
-    # every stage's module ships with the package: an ImportError here is a bug to see whole, not a message
-    func = getattr(importlib.import_module(module_name), func_name)
-    quiet_third_party(args.verbose)  # after the import: the stage's modules are loaded, so this costs nothing
     previous = signal.signal(signal.SIGTERM, _terminate)
     try:
-        from quartet.allocator import retain_freed_memory
-
-        retain_freed_memory()  # every stage: freed memory is kept for the next step, not faulted in again
+        # every stage: freed memory is kept for the next step, not faulted in again; and tensors of 2 MB and more on
+        # huge pages, which needs torch's first allocation to come after it: before the stage's modules load (peft
+        # allocates tensors when it is imported)
+        retain_freed_memory()
+        # every stage's module ships with the package: an ImportError here is a bug to see whole, not a message
+        func = getattr(importlib.import_module(module_name), func_name)
+        quiet_third_party(args.verbose)  # after the import: the stage's modules are loaded, so this costs nothing
         return int(func(args) or 0)
     except QuartetError as e:
         print(f"error: {capped(str(e))}", file=sys.stderr)
@@ -176,9 +179,7 @@ def _terminate(signum, frame):
 
 
 def _version() -> str:
-    from quartet import __version__
-
-    return __version__
+    return importlib.metadata.version("quartet")  # the installed distribution's (pyproject.toml)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ be set on the command line as `key.sub=value` (the value is read as YAML). Unkno
 suggestion. `quartet config <stage>` prints the same tables in a terminal, and `quartet config <stage> --write
 FILE` writes a commented starter config holding every default.
 
-This page is generated from the docstrings under each field in `src/quartet/config.py` and
+This page is generated from the docstrings under each field in `src/quartet/config/` and
 `src/quartet/pipeline.py`: edit those and run `{regenerate}`, never this page.
 """
 

@@ -2,8 +2,8 @@
 
 A stage's config is a tree of strings and numbers: it is validated, saved as config.yaml and compared on resume.
 So an object given in Python is registered here under a name ``memory:<label>.<n>`` and the config holds that
-name; the loaders the CLI uses look it up (`models.loading.resolve_model`, `data.readers.read_table`,
-`judges.load_reward_fn`). The API and the CLI then share one path from the config on, and a saved config.yaml
+name; the loaders the CLI uses look it up (`models.names.resolve_model`, `data.readers.read_table`,
+`rollout.rewards.load_reward_fn`). The API and the CLI then share one path from the config on, and a saved config.yaml
 says which object stood where (a name that only means something inside the process that ran it).
 
 The registry holds a reference to each object until `release` (the API releases what it registered when its
@@ -51,7 +51,7 @@ def lookup(name: str, kind: str, error: type[Exception]):
 
 def state(name: str) -> dict:
     """A dict a loader may keep per object, shared by every load of ``name`` and dropped with it (the reward
-    loader keeps the last call's scores there: see quartet.judges)."""
+    loader keeps the last call's scores there: see quartet.rollout.rewards)."""
     return _OBJECTS[name][2]
 
 

@@ -25,7 +25,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
 from quartet.atomic import atomic_dir, atomic_write_text
+from quartet.config import load_yaml
 from quartet.errors import ConfigError
 
 MARKER = ".quartet-run"
@@ -77,10 +80,6 @@ def run_stage(path: str | os.PathLike) -> str | None:
 
 
 def _is_pipeline_config(file: Path) -> bool:
-    import yaml
-
-    from quartet.config import load_yaml
-
     try:
         data = load_yaml(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, yaml.YAMLError):

@@ -22,13 +22,12 @@ from quartet.algo.estimators import get_estimator
 from quartet.atomic import atomic_write_text
 from quartet.config import (
     DPOConfig,
+    EvalConfig,
     LabelConfig,
     PPOConfig,
     RewardConfig,
     SFTConfig,
     TrackingConfig,
-    _non_negative,
-    _positive,
     apply_overrides,
     from_dict,
     read_yaml,
@@ -36,42 +35,23 @@ from quartet.config import (
     validate,
 )
 from quartet.errors import ConfigError
+from quartet.eval.evaluate import evaluate, format_samples, format_table
 from quartet.models.card import add_eval
 from quartet.monitor.report import write_report
+from quartet.monitor.rules import check_rule_names
 from quartet.monitor.tracking import PipelineTracking
 from quartet.outputs import check_output_dir, write_marker
 from quartet.preflight import check_inputs as check_stage_inputs
 from quartet.preflight import stage_inputs
 from quartet.tasks import get_task, list_tasks
-
-
-@dataclass
-class EvalStageConfig:
-    prompts: str = ""
-    """eval prompts; default: the task's eval split"""
-    num_prompts: int | None = 64
-    """use the first N eval prompts"""
-    max_new_tokens: int = 48
-    """response length limit of the evaluation's samples"""
-    temperature: float = 0.7
-    """sampling temperature of the evaluation (fixed seed, same for every checkpoint)"""
-    seed: int = 0
-    """sampling seed of the evaluation (each prompt's samples are seeded from it, the same for every checkpoint)"""
-    batch_size: int = 16
-    """prompts decoded together (CPU decoding is memory-bound: a larger batch costs little more per step)"""
-    engine: str = "hf"
-    """what samples the responses: hf, or vllm (the vllm extra; see quartet.eval.evaluate)"""
-
-    def validate(self, where: str = "eval") -> None:
-        if self.num_prompts is not None:
-            _positive(self.num_prompts, f"{where}.num_prompts")
-        _positive(self.max_new_tokens, f"{where}.max_new_tokens")
-        _non_negative(self.temperature, f"{where}.temperature")  # 0 = greedy
-        _positive(self.batch_size, f"{where}.batch_size")
-        from quartet.eval.evaluate import ENGINES
-
-        if self.engine not in ENGINES:
-            raise ConfigError(f"{where}.engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+from quartet.trainers.checkpoint import list_checkpoints
+from quartet.trainers.dpo import train_dpo
+from quartet.trainers.label import check_outputs as check_label_outputs
+from quartet.trainers.label import label as run_label
+from quartet.trainers.label import samples_path
+from quartet.trainers.ppo import train_ppo
+from quartet.trainers.reward import train_reward
+from quartet.trainers.sft import train_sft
 
 
 @dataclass
@@ -94,8 +74,10 @@ class PipelineConfig:
     (`quartet config grpo` shows them)"""
     dpo: DPOConfig = field(default_factory=DPOConfig)
     """the dpo stage's settings (`quartet dpo`'s); it trains on the label stage's pairs"""
-    eval: EvalStageConfig = field(default_factory=EvalStageConfig)
-    """the evaluation that compares every policy stage that ran with the SFT model"""
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(prompts="", num_prompts=64))
+    """the evaluation that compares every policy stage that ran with the SFT model (`quartet eval`'s settings;
+    left unset, baseline is the SFT model, reference the policy stage's reference or else the SFT model, and
+    reward_model the ppo stage's reward model)"""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """trackers for every stage (a stage's own `tracking` replaces it); run_name defaults to output_dir's name,
     each stage's run is `<run_name>-<stage>` in group `<run_name>`, and a `<run_name>` run holds the resolved
@@ -150,8 +132,6 @@ def wire(cfg: PipelineConfig, explicit: dict) -> PipelineConfig:
     if unset("rm", "normalize_prompts") and cfg.rm.normalize_prompts is None:
         cfg.rm.normalize_prompts = dataclasses.replace(cfg.label.prompts)
     if unset("rm", "normalize_responses") and _label_answers_fit(cfg):
-        from quartet.trainers.label import samples_path
-
         cfg.rm.normalize_responses = str(samples_path(cfg.label.output))  # no second round of sampling
     if unset("ppo", "policy"):
         cfg.ppo.policy = policy
@@ -190,6 +170,7 @@ def load_pipeline(path: str, overrides: list[str] | None = None) -> PipelineConf
     cfg = from_dict(PipelineConfig, data)
     cfg = wire(cfg, data)
     validate(cfg)
+    check_rule_names(cfg.ppo.stop_on, "ppo.stop_on")  # the doctor's rules: config knows none of them
     return cfg
 
 
@@ -201,8 +182,6 @@ def _label_answers_fit(cfg: PipelineConfig) -> bool:
     """Whether the label stage's answers are what the reward model's normalisation would sample: the same policy,
     prompts and sampling settings, and the answers file written (or about to be: a label output without one is
     an earlier version's, and the normalisation samples anew)."""
-    from quartet.trainers.label import samples_path
-
     sampling = ("temperature", "top_p", "top_k", "max_new_tokens")
     label, rm = cfg.label, cfg.rm
     return ("label" in cfg.stages and rm.normalize_policy == label.policy and rm.normalize_prompts == label.prompts
@@ -227,16 +206,12 @@ def check_inputs(cfg: PipelineConfig) -> None:
         check_stage_inputs(stage_inputs(stage, sub), skip=made)
         # where it writes: each stage refuses a user's folder or file when it starts; say so before the first
         if stage == "label":
-            from quartet.trainers.label import check_outputs
-
-            check_outputs(Path(sub.output))
+            check_label_outputs(Path(sub.output))
         elif stage == "eval":
             check_output_dir(Path(cfg.output_dir) / "eval", "eval", key="out", overwritable=False)
         else:
             check_output_dir(sub.output_dir, stage, overwritable=False)
         if stage == "label":
-            from quartet.trainers.label import samples_path
-
             made.update({os.path.normpath(sub.output), os.path.normpath(samples_path(sub.output))})
         elif stage != "eval":
             made.add(os.path.normpath(Path(sub.output_dir) / "model"))
@@ -245,6 +220,7 @@ def check_inputs(cfg: PipelineConfig) -> None:
 def run_pipeline(cfg: PipelineConfig, force: bool = False) -> dict:
     """Run the configured stages in order; returns {stage: seconds} (0.0 for reused stages)."""
     validate(cfg)  # every stage's settings (batch arithmetic included), also for a config built in Python
+    check_rule_names(cfg.ppo.stop_on, "ppo.stop_on")
     check_inputs(cfg)
     out = check_output_dir(cfg.output_dir, "pipeline", overwritable=False)  # a user's folder is never written into
     times: dict[str, float] = {}
@@ -294,27 +270,18 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
     if stage == "sft":
         if _done(Path(cfg.sft.output_dir) / "model") and not force:
             return False
-        from quartet.trainers.sft import train_sft
-
         train_sft(cfg.sft)
     elif stage == "label":
         if _done(Path(cfg.label.output)) and not force:
             return False
-        from quartet.trainers.label import label
-
-        label(cfg.label)
+        run_label(cfg.label)
     elif stage == "rm":
         if _done(Path(cfg.rm.output_dir) / "model") and not force:
             return False
-        from quartet.trainers.reward import train_reward
-
         train_reward(cfg.rm)
     elif stage == "ppo":
         if _done(Path(cfg.ppo.output_dir) / "model") and not force:
             return False
-        from quartet.trainers.checkpoint import list_checkpoints
-        from quartet.trainers.ppo import train_ppo
-
         ppo_dir = Path(cfg.ppo.output_dir)
         if not (force and ppo_dir.exists()):
             # an iter-N checkpoint, not just the folder: with save_every: 0 it may hold best-N copies only
@@ -338,8 +305,6 @@ def _run_stage(stage: str, cfg: PipelineConfig, force: bool) -> bool:
     elif stage == "dpo":
         if _done(Path(cfg.dpo.output_dir) / "model") and not force:
             return False
-        from quartet.trainers.dpo import train_dpo
-
         train_dpo(cfg.dpo)
     elif stage == "eval":
         _evaluate(cfg, out)
@@ -352,26 +317,13 @@ def _algorithm_title(cfg: PipelineConfig, stage: str) -> str:
 
 
 def _evaluate(cfg: PipelineConfig, out: Path) -> None:
-    from quartet.eval.evaluate import evaluate, format_samples, format_table
-
     ran = [s for s in POLICY_STAGES if s in cfg.stages] or ["ppo"]  # eval alone: the PPO run of an earlier call
     policies = {str(Path(getattr(cfg, s).output_dir) / "model"): _algorithm_title(cfg, s) for s in ran}
-    baseline = getattr(cfg, ran[0]).policy
+    baseline = cfg.eval.baseline or getattr(cfg, ran[0]).policy
     reward_model = cfg.ppo.reward if "ppo" in ran and Path(cfg.ppo.reward).is_dir() else None
-    result = evaluate(
-        [baseline, *policies],
-        prompts=cfg.eval.prompts,
-        num_prompts=cfg.eval.num_prompts,
-        reward_model=reward_model,
-        reference=getattr(cfg, ran[0]).reference or baseline,
-        baseline=baseline,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        seed=cfg.eval.seed,
-        batch_size=cfg.eval.batch_size,
-        engine=cfg.eval.engine,
-        out=out / "eval",
-    )
+    settings = dataclasses.replace(cfg.eval, baseline=baseline, reward_model=cfg.eval.reward_model or reward_model,
+                                   reference=cfg.eval.reference or getattr(cfg, ran[0]).reference or baseline)
+    result = evaluate([baseline, *policies], **dataclasses.asdict(settings), out=out / "eval")
     names = {baseline: "SFT", **policies}
     table = format_table(result, names=names)
     for path, name in policies.items():  # each evaluated policy's model card states how it compared

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from quartet.config import DataConfig
 from quartet.data.schemas import load_preferences, load_prompts, load_samples, load_sft
 from quartet.errors import QuartetError
-from quartet.models.loading import resolve_model
+from quartet.models.names import resolve_model
 from quartet.rollout.scoring import check_reward_spec
 
 

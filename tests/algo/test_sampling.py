@@ -31,3 +31,15 @@ def test_zero_weight_entries_are_never_drawn_even_at_the_edges():
     assert picked.tolist()[0] == 300 and picked[2] == 300 and picked[3] == 300
     assert picked[1] in (10, 300)
     assert bool((probs[torch.arange(4), picked] > 0).all())
+
+
+def test_the_nucleus_keeps_the_most_likely_tokens_whose_mass_reaches_top_p():
+    from quartet.algo import nucleus
+
+    probs = torch.tensor([[0.1, 0.6, 0.3]])
+    assert (nucleus(probs, 0.5) > 0).tolist() == [[False, True, False]]  # the most likely is always kept
+    # inverse CDF: [0, .1) -> 0, [.1, .7) -> 1, [.7, 1) -> 2; top_p .8 keeps tokens 1 and 2 (mass .9), not renormalised
+    u = torch.tensor([0.05, 0.5, 0.8], dtype=torch.float64)
+    assert inverse_cdf(probs.expand(3, 3), u).tolist() == [0, 1, 2]
+    assert inverse_cdf(nucleus(probs.expand(3, 3), 0.8), u).tolist() == [1, 1, 2]
+    assert nucleus(probs, 0.8).dtype == torch.float64

@@ -20,11 +20,11 @@ from quartet.data import encode_prompts, encode_sft, load_preferences, load_prom
 from quartet.data.readers import check_data_path
 from quartet.data.schemas import SFTExample
 from quartet.errors import ConfigError, DataError, ModelError, QuartetError
-from quartet.judges import load_reward_fn
 from quartet.models import resolve_model
 from quartet.models.loading import check_context
 from quartet.models.reward import check_trained_reward_model
 from quartet.models.tiny import build_tiny_tokenizer
+from quartet.rollout.rewards import load_reward_fn
 from quartet.rollout.scoring import Scorer
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for builders
 
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
 # AdamW in its linear regime (eps 1), so the two runs' weights differ by lr x rounding: tests/equivalence.py
@@ -22,23 +23,23 @@ LINEAR_ADAM = "optim.adam_eps=1"
 
 def ppo(out: Path, overrides: list[str]) -> None:
 
-    from quartet.config import PPOConfig, load_config
+    from builders import tiny_ppo
+    from quartet.config import validate
     from quartet.trainers.ppo import PPOTrainer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    args = [f"policy={TINY}", "reward=task:tiny-target", "prompts.path=task:tiny-target/train",
-            "prompts.max_prompt_tokens=32", f"output_dir={out.parent / 'run'}", "iterations=2",
-            f"rollout_batch_size={16 // world}", f"minibatch_size={8 // world}", f"micro_batch_size={4 // world}",
-            "ppo_epochs=2", "generation.max_new_tokens=8", "optim.lr=1e-2", LINEAR_ADAM, "precision=fp32",
-            "critic=shared", "reward_norm=true", "adaptive_kl=true", *overrides]
-    cfg = load_config(PPOConfig, overrides=args)
+    cfg = tiny_ppo(out.parent, f"output_dir={out.parent / 'run'}", "iterations=2", f"rollout_batch_size={16 // world}",
+                   f"minibatch_size={8 // world}", f"micro_batch_size={4 // world}",
+                   "generation.batch_size=32",  # GenerationConfig's default, at which these runs were compared
+                   LINEAR_ADAM, "reward_norm=true", "adaptive_kl=true", *overrides)
+    validate(cfg)  # as load_config, and so the CLI, does before the trainer
     trainer = PPOTrainer(cfg, progress=False)
     # the one-process run's starting weights, to check that the steps compared are large against the tolerance
     start = {n: p.detach().clone() for n, p in trainer.model.named_parameters()} if world == 1 else None
     seen = []
     make = trainer.experience.make
     trainer.experience.make = lambda model, it: seen.append(make(model, it)) or seen[-1]
-    metrics = [trainer.step(1), trainer.step(2)]
+    metrics = [trainer.step(1).metrics, trainer.step(2).metrics]
     policy = trainer.accelerator.unwrap_model(trainer.model)
     from quartet.trainers.sharding import full_state_dict
 
@@ -52,8 +53,8 @@ def ppo(out: Path, overrides: list[str]) -> None:
             "metrics": [{k: v for k, v in m.items() if not k.startswith(("timing/", "memory/"))} for m in metrics],
             "weights": full if full is not None else {n: p.detach().clone() for n, p in policy.named_parameters()},
             "start": start,
-            "shares_prefix": [policy.share_prefix, policy.critic_shares_prefix,
-                              trainer.experience.reference_shares_prefix],
+            "shares_prefix": [trainer.plan.actor_shares_prefix, trainer.plan.critic_shares_prefix,
+                              trainer.plan.reference_shares_prefix],
         }, out)
     trainer.accelerator.wait_for_everyone()
 

@@ -152,10 +152,14 @@ def shard_on_prepare() -> None:
 
 
 def ppo_fsdp2(out: Path, overrides: list[str]) -> None:
-    """mp_driver's two PPO iterations on sharded weights: engine sync, update, gathered weights."""
+    """mp_driver's two PPO iterations on sharded weights: engine sync, update, gathered weights. The trainer is told
+    it is sharded before `prepare`, as accelerate's FSDP tells it (the one verdict, trainers/plan.py)."""
     import mp_driver
 
+    from quartet.trainers import sharding
+
     shard_on_prepare()
+    sharding.accelerator_shards = lambda accelerator: "fsdp"
     mp_driver.ppo(out, overrides)
 
 
@@ -170,18 +174,20 @@ def sft_fsdp2(out: Path, overrides: list[str]) -> None:
 def ppo_run(out: Path, overrides: list[str]) -> None:
     """A whole `train` on sharded weights, the trainer told it is sharded (as under accelerate's FSDP): its
     start-up refusals, no best/checkpoint copies, the final save from the gathered weights."""
-    from quartet.config import PPOConfig, load_config
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for builders
+    from builders import tiny_ppo
+    from quartet.config import validate
     from quartet.trainers import sharding
     from quartet.trainers.ppo import PPOTrainer
 
     shard_on_prepare()
     sharding.accelerator_shards = lambda accelerator: "fsdp"
-    tiny = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
-    cfg = load_config(PPOConfig, overrides=[
-        f"policy={tiny}", "reward=task:tiny-target", "prompts.path=task:tiny-target/train", "iterations=2",
-        "prompts.max_prompt_tokens=32", f"output_dir={out.parent / 'run'}", "rollout_batch_size=4",
-        "minibatch_size=4", "micro_batch_size=4", "generation.max_new_tokens=6", "optim.lr=1e-2", "precision=fp32",
-        "advantage=grpo", "critic=none", "samples_per_prompt=2", *overrides])
+    cfg = tiny_ppo(out.parent, f"output_dir={out.parent / 'run'}", "iterations=2", "rollout_batch_size=4",
+                   "minibatch_size=4", "generation.max_new_tokens=6", "advantage=grpo", "critic=none",
+                   "samples_per_prompt=2",
+                   # the defaults of PPOConfig, GenerationConfig and PPO's optim this run was written with
+                   "ppo_epochs=4", "generation.batch_size=32", "optim.adam_eps=1e-5", *overrides)
+    validate(cfg)  # as load_config, and so the CLI, does before the trainer
     try:
         trainer = PPOTrainer(cfg, progress=False)
     except Exception as e:  # noqa: BLE001 - the refusal is what the test reads

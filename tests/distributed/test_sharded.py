@@ -148,7 +148,7 @@ def test_lora_merge_from_gathered_state_equals_peft_merge(arch):
     """The sharded path merges LoRA from the gathered tensors; it must equal peft's own merge."""
     from quartet.config import LoraConfig
     from quartet.models import apply_lora, load_causal_lm, merged_copy
-    from quartet.rollout.engine import merged_state_dict
+    from quartet.rollout.weights import merged_state_dict
 
     base, _ = load_causal_lm(f"tiny:{arch}?hidden=32&layers=1&heads=4&vocab=260", torch.float32)
     actor = apply_lora(base, LoraConfig(enabled=True, r=4, alpha=8))

@@ -9,18 +9,12 @@ import sys
 import pytest
 import torch
 
+from quartet.config import EvalConfig
 from quartet.data import encode_prompts, left_pad
 from quartet.errors import ConfigError, ModelError
-from quartet.eval.evaluate import (
-    evaluate,
-    format_samples,
-    format_table,
-    pick_tokens,
-    sample_responses,
-    sample_seed,
-    sequence_logprobs,
-)
+from quartet.eval.evaluate import Sampler, evaluate, format_samples, format_table, sequence_logprobs
 from quartet.models import load_causal_lm, load_reward_model, save_model, save_reward_model
+from quartet.rollout.sampling import EVAL_STREAM, sample_seed
 from quartet.tasks import get_task
 
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
@@ -68,7 +62,7 @@ def test_same_checkpoint_twice_gives_identical_numbers_and_even_win_rate(tmp_pat
     assert {"prompt", "seed", TINY, TINY + "/gold", TINY + "/kl"} <= set(row)
     records = [json.loads(line) for line in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 6
-    assert records[0]["seed"] == sample_seed(0, 0, 0)
+    assert records[0]["seed"] == sample_seed(0, 0, 0, stream=EVAL_STREAM)
 
 
 def test_kl_to_the_same_weights_loaded_another_way_is_exactly_zero(tmp_path):
@@ -102,10 +96,8 @@ def test_kl_to_another_model_matches_a_slow_per_token_loop():
     enc = encode_prompts(tok, prompts, 64)
     ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
     temperature = 0.7
-    responses = sample_responses(
-        model, ids, mask, [sample_seed(0, i, 0) for i in range(4)], max_new_tokens=8, temperature=temperature,
-        top_p=1.0, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
-    )  # fmt: skip
+    sampler = Sampler(EvalConfig(max_new_tokens=8, temperature=temperature, sample_dtype="fp32"))
+    responses = sampler.sample(model, tok, ids, mask, [sample_seed(0, i, 0, stream=EVAL_STREAM) for i in range(4)])
     response_mask = (responses != tok.pad_token_id).float()
     logp, ref_logp, kl_full = sequence_logprobs(model, ref, ids, mask, responses, response_mask, temperature)
     for b in range(4):
@@ -121,23 +113,13 @@ def test_a_sample_replays_alone_from_its_seed():
     model, tok = load_causal_lm(TINY)
     prompts = get_task("tiny-target").prompts("eval")[:5]
     enc = encode_prompts(tok, prompts, 64)
-    seeds = [sample_seed(3, i, 0) for i in range(5)]
-    kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.9, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    seeds = [sample_seed(3, i, 0, stream=EVAL_STREAM) for i in range(5)]
+    kw = dict(max_new_tokens=12, temperature=1.0, top_p=0.9, sample_dtype="fp32")
     ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
-    batch = sample_responses(model, ids, mask, seeds, batch_size=2, **kw)
+    batch = Sampler(EvalConfig(batch_size=2, **kw)).sample(model, tok, ids, mask, seeds)
     for i in (0, 3):
         one_ids, one_mask = left_pad([enc.input_ids[i]], tok.pad_token_id)
-        assert torch.equal(sample_responses(model, one_ids, one_mask, [seeds[i]], **kw)[0], batch[i])
-
-
-def test_pick_tokens_greedy_nucleus_and_inverse_cdf():
-    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]]))
-    assert pick_tokens(logits, torch.tensor([0.99]), temperature=0).item() == 1
-    assert pick_tokens(logits, torch.tensor([0.99]), temperature=1.0, top_p=0.5).item() == 1
-    # inverse CDF: [0, .1) -> 0, [.1, .7) -> 1, [.7, 1) -> 2; top_p .8 keeps tokens 1 and 2 (mass .9)
-    u = torch.tensor([0.05, 0.5, 0.8])
-    assert pick_tokens(logits.expand(3, 3), u, temperature=1.0).tolist() == [0, 1, 2]
-    assert pick_tokens(logits.expand(3, 3), u, temperature=1.0, top_p=0.8).tolist() == [1, 1, 2]
+        assert torch.equal(Sampler(EvalConfig(**kw)).sample(model, tok, one_ids, one_mask, [seeds[i]])[0], batch[i])
 
 
 def test_greedy_with_two_samples_per_prompt_and_a_reward_model(tmp_path):
@@ -209,10 +191,10 @@ def test_cli_eval_writes_results_and_prints_the_table(tmp_path):
 def test_auto_sample_dtype_follows_the_hardware(monkeypatch, native, expected):
     """bf16 sampling only where bf16 is native: emulated bf16 matmuls are 3-4x slower than fp32."""
     from quartet.eval.evaluate import resolve_sample_dtype
-    from quartet.trainers import loop
+    from quartet.models import precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(loop, "cpu_has_bf16", lambda: native)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: native)
     assert resolve_sample_dtype("auto") == expected
     assert resolve_sample_dtype("fp32") == "fp32" and resolve_sample_dtype("bf16") == "bf16"
 

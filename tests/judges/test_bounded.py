@@ -13,11 +13,10 @@ import time
 import pytest
 import torch
 
-from quartet.config import LabelConfig, PPOConfig
+from quartet.config import EvalConfig, LabelConfig, PPOConfig
 from quartet.errors import ConfigError
-from quartet.eval.evaluate import EvalSettings
-from quartet.judges import load_reward_fn
 from quartet.judges.bounded import JUDGE_TIMEOUT, JudgeTimeout, call_bounded
+from quartet.rollout.rewards import load_reward_fn
 from quartet.rollout.scoring import Scorer
 
 USER_MODULE = """
@@ -150,11 +149,11 @@ def test_the_timeout_setting_is_validated(value, message):
         with pytest.raises(ConfigError, match=f"^{where}: {message}"):
             cfg.validate()
     with pytest.raises(ConfigError, match=f"^judge_timeout: {message}"):
-        EvalSettings(judge_timeout=value).validate()
+        EvalConfig(judge_timeout=value).validate()
 
 
 def test_the_default_is_generous_and_none_is_allowed():
     assert JUDGE_TIMEOUT == 600.0
-    assert PPOConfig().judge_timeout == LabelConfig().judge_timeout == EvalSettings().judge_timeout == JUDGE_TIMEOUT
-    for cfg in (PPOConfig(judge_timeout=None), LabelConfig(judge_timeout=None), EvalSettings(judge_timeout=None)):
+    assert PPOConfig().judge_timeout == LabelConfig().judge_timeout == EvalConfig().judge_timeout == JUDGE_TIMEOUT
+    for cfg in (PPOConfig(judge_timeout=None), LabelConfig(judge_timeout=None), EvalConfig(judge_timeout=None)):
         cfg.validate()

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from quartet.errors import ConfigError, ModelError
-from quartet.judges import load_reward_fn, vader_score
+from quartet.judges import vader_score
 from quartet.judges.vader import _analyzer
+from quartet.rollout.rewards import load_reward_fn
 from quartet.tasks import get_task
 
 
@@ -95,7 +96,7 @@ def test_existing_directory_with_colon_like_name_is_not_imported(tmp_path, monke
 
 
 def test_checked_wrapper_accepts_numpy_and_torch_scalars():
-    from quartet.judges import _checked
+    from quartet.rollout.rewards import _checked
 
     fn = _checked(lambda p, r: [np.float32(0.5), torch.tensor(1.0)], "x:y")
     assert fn(["a", "b"], ["c", "d"]) == [0.5, 1.0]

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from quartet.errors import ConfigError, ModelError
-from quartet.judges import load_reward_fn
 from quartet.judges.compose import gate, minimum, weighted_sum
 from quartet.judges.relevance import minilm_encoder, relevance
+from quartet.rollout.rewards import load_reward_fn
 from quartet.rollout.scoring import Scorer
 from quartet.tasks import get_task
 from quartet.tasks.positive_review import ON_TASK_HI, ON_TASK_LO, opening
@@ -29,7 +29,7 @@ def _on_task(prompt):
 
 def test_embeddings_match_sentence_transformers():
     st = pytest.importorskip("sentence_transformers")
-    from quartet.models.loading import resolve_model
+    from quartet.models.names import resolve_model
 
     texts = ["A short one.", "A much longer sentence about a paper bird trying to find its way home, with detail.", ""]
     ref = st.SentenceTransformer(str(resolve_model("minilm").path), device="cpu").encode(texts, convert_to_tensor=True)

@@ -113,7 +113,7 @@ def test_lora_base_held_in_bf16_computes_and_merges_as_the_fp32_base():
     logits bit for bit as with fp32 base weights (autocast casts them to the same bf16 values), while the
     merged copy (the saved model) and the engine's merged weights come from the fp32 originals, unchanged."""
     from quartet.models import merged_copy, precast_lora_base
-    from quartet.rollout.engine import merged_state_dict
+    from quartet.rollout.weights import merged_state_dict
 
     model, _ = load_causal_lm(TINY)
     actor = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))

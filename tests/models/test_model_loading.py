@@ -233,7 +233,7 @@ def _write_tiny_llama_gguf(path: Path, hidden=16, layers=2, heads=2, kv_heads=1,
 def test_gguf_is_parsed_once_per_load_and_loads_the_same_model(tmp_path, monkeypatch):
     import gguf
 
-    from quartet.models import loading
+    from quartet.models import gguf as quartet_gguf
 
     path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
@@ -249,8 +249,8 @@ def test_gguf_is_parsed_once_per_load_and_loads_the_same_model(tmp_path, monkeyp
     assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is real_map  # both put back
 
     parses.clear()
-    monkeypatch.setattr(loading, "_gguf_parsed_once", contextlib.nullcontext)  # transformers on its own
-    loading._GGUF_TOKENIZERS.clear()
+    monkeypatch.setattr(quartet_gguf, "_gguf_parsed_once", contextlib.nullcontext)  # transformers on its own
+    quartet_gguf._GGUF_TOKENIZERS.clear()
     plain_model, plain_tok = load_causal_lm(str(path), cache=False)
     assert len(parses) > 1
     assert model.config.to_dict() == plain_model.config.to_dict()

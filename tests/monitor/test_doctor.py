@@ -9,16 +9,8 @@ import pytest
 from ppo_streams import ALSO_ALLOWED, broken_run, healthy_run, write_run
 
 from quartet.errors import ConfigError, DataError
-from quartet.monitor.doctor import (
-    RULES,
-    Finding,
-    LiveDoctor,
-    check_rule_names,
-    diagnose,
-    diagnose_run,
-    format_findings,
-    read_findings,
-)
+from quartet.monitor.doctor import LiveDoctor, diagnose, diagnose_run, format_findings, read_findings
+from quartet.monitor.rules import RULES, Finding, check_rule_names
 
 EXPECTED_RULES = {
     "nan", "grad_spike", "reward_flat_kl_zero", "kl_blowup", "negative_kl", "reward_hacking_length",
@@ -136,12 +128,26 @@ def test_unknown_rule_is_one_line_config_error():
         check_rule_names(["x"], "ppo.stop_on")
 
 
-def test_ppo_config_rejects_unknown_stop_on_rule():
+def test_an_unknown_stop_on_rule_is_refused_before_the_run_starts(tmp_path):
+    """config knows no rules (it sits below the doctor): the doctor's check runs right after `validate` where a PPO
+    run is set up (the CLI's and the API's trainers, `quartet run` before its first stage), before any output."""
+    from quartet import api
     from quartet.config import PPOConfig, load_config
+    from quartet.pipeline import load_pipeline
+    from quartet.trainers.ppo import PPOTrainer
 
     assert load_config(PPOConfig, None, ["stop_on=[nan, kl_blowup]"]).stop_on == ["nan", "kl_blowup"]
-    with pytest.raises(ConfigError, match=r"^ppo.stop_on: unknown doctor rule 'entropy' \(did you mean"):
-        load_config(PPOConfig, None, ["stop_on=[entropy]"])
+    unknown, out = r"^ppo.stop_on: unknown doctor rule 'entropy' \(did you mean", tmp_path / "run"
+    with pytest.raises(ConfigError, match=unknown):
+        PPOTrainer(load_config(PPOConfig, None, ["stop_on=[entropy]", f"output_dir={out}"]))
+    with pytest.raises(ConfigError, match=r"^ppo.stop_on: unknown doctor rule '\['kl_blowup'\]'"):
+        PPOTrainer(PPOConfig(stop_on=[["kl_blowup"]], output_dir=str(out)))
+    with pytest.raises(ConfigError, match=unknown):
+        api.GRPOTrainer(stop_on=["entropy"], output_dir=str(out))
+    (tmp_path / "run.yaml").write_text("{}\n")
+    with pytest.raises(ConfigError, match=unknown):
+        load_pipeline(str(tmp_path / "run.yaml"), ["ppo.stop_on=[entropy]"])
+    assert not out.exists()
 
 
 def test_kl_far_above_adaptive_target():

@@ -7,8 +7,9 @@ import pytest
 from dpo_streams import BETA, both_down_dpo_run, dpo_run, healthy_dpo_run
 from ppo_streams import healthy_run, write_run
 
-from quartet.monitor.doctor import RULES, LiveDoctor, diagnose
+from quartet.monitor.doctor import LiveDoctor, diagnose
 from quartet.monitor.report import write_report
+from quartet.monitor.rules import RULES
 
 
 @pytest.mark.parametrize("seed", range(6))

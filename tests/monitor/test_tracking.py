@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from builders import tiny_ppo
 from quartet.config import PPOConfig, SFTConfig, TrackingConfig, from_dict, load_config
 from quartet.errors import ConfigError
 from quartet.monitor import MetricsLogger, read_metrics
@@ -191,14 +192,10 @@ def test_sft_run_reaches_wandb_mlflow_and_trackio(tmp_path, offline):
 
 
 def ppo_cfg(tmp_path, uri, **track) -> PPOConfig:
-    return from_dict(PPOConfig, {
-        "policy": "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1", "reward": "task:tiny-target",
-        "prompts": {"path": "task:tiny-target/train", "max_prompt_tokens": 32},
-        "output_dir": str(tmp_path / "ppo"), "iterations": 2, "rollout_batch_size": 8, "minibatch_size": 8,
-        "micro_batch_size": 8, "ppo_epochs": 1, "generation": {"max_new_tokens": 4, "batch_size": 8},
-        "optim": {"lr": 1e-3}, "precision": "fp32", "critic": "shared",
-        "tracking": tracking(tmp_path, uri, **track),
-    })
+    return tiny_ppo(tmp_path, iterations=2, rollout_batch_size=8, minibatch_size=8, micro_batch_size=8, ppo_epochs=1,
+                    tracking=tracking(tmp_path, uri, **track),
+                    **{"generation.max_new_tokens": 4, "generation.batch_size": 8, "optim.lr": 1e-3,
+                       "optim.adam_eps": 1e-5})
 
 
 def _ppo_passes_tracking() -> bool:

@@ -7,8 +7,9 @@ import torch
 
 from quartet.config import GenerationConfig, LoraConfig
 from quartet.models import apply_lora, load_causal_lm
-from quartet.rollout.engine import HFEngine, merged_state_dict
+from quartet.rollout.engine import HFEngine
 from quartet.rollout.record import response_mask_from_ids
+from quartet.rollout.weights import merged_state_dict
 
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=3"
 
@@ -98,8 +99,52 @@ def test_an_engine_sharing_the_actors_weights_samples_what_a_copy_samples():
     other, _ = load_causal_lm(TINY)
     with pytest.raises(RuntimeError, match="another model"):
         bf16.sync(other)
-    with pytest.raises(ValueError, match="plain model"):
-        HFEngine(apply_lora(other, LoraConfig(enabled=True, r=4, alpha=8)), tok, gen, share_weights=True)
+
+
+def test_a_shared_lora_model_is_sampled_as_it_is():
+    """share_weights in the model's own dtype samples it as it is, a LoRA model through its adapters unmerged
+    (DPO's KL probe): with the adapters' B still 0, the base model's tokens."""
+    model, tok = load_causal_lm(TINY)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5]])
+    mask = (ids != 0).long()
+    gen = GenerationConfig(max_new_tokens=6, batch_size=2)
+    plain = HFEngine(model, tok, gen, dtype=torch.float32, share_weights=True).generate(ids, mask, seed=4)
+    lora = apply_lora(model, LoraConfig(enabled=True, r=4, alpha=8))
+    engine = HFEngine(lora, tok, gen, dtype=torch.float32, share_weights=True)
+    assert engine.model is lora
+    assert torch.equal(engine.generate(ids, mask, seed=4).response_ids, plain.response_ids)
+
+
+def test_the_float64_nucleus_is_cut_by_the_sampler():
+    """`float64_top_p` (quartet eval's sampling, DPO's KL probe): no TopPLogitsWarper; each row draws
+    inverse_cdf(nucleus(softmax(logits / T), top_p)) with the next uniform of its own generator."""
+    from quartet.algo import inverse_cdf, nucleus
+
+    model, tok = load_causal_lm(TINY)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=1, temperature=0.7, top_p=0.8),
+                      dtype=torch.float32, float64_top_p=True)
+    processors = engine._sampler(list(range(50)))
+    assert [type(p).__name__ for p in processors] == ["TemperatureLogitsWarper", "PerRowInverseCDF"]
+    logits = torch.randn(50, 260, generator=torch.Generator().manual_seed(0)) * 2.0
+    tokens = processors(None, logits.clone()).argmax(-1)
+    u = torch.cat([torch.rand(1, generator=torch.Generator().manual_seed(s), dtype=torch.float64) for s in range(50)])
+    assert torch.equal(tokens, inverse_cdf(nucleus(torch.softmax(logits / 0.7, dim=-1), 0.8), u))
+    assert len(set(tokens.tolist())) > 1
+
+
+def test_one_sample_seed_for_every_stream():
+    """The engines' `quartet-sample/<seed>/<index>` and quartet eval's `quartet-eval/<seed>/<prompt>/<sample>`
+    hashes, from one function: every seed recorded in an earlier samples.jsonl still replays its sample."""
+    import hashlib
+
+    from quartet.rollout.sampling import EVAL_STREAM, sample_seed
+
+    def blake(text: str) -> int:
+        return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") & (2**63 - 1)
+
+    assert sample_seed(7, 3) == blake("quartet-sample/7/3")
+    assert sample_seed(0, 2, 1, stream=EVAL_STREAM) == blake("quartet-eval/0/2/1")
+    assert sample_seed(0, 2, 1, stream=EVAL_STREAM) != sample_seed(0, 2, 1)
 
 
 def test_response_mask_keeps_eos_and_drops_what_follows():
@@ -149,7 +194,7 @@ def test_explicit_seeds_pick_each_rows_stream():
     """`seeds=` names each output row's seed (quartet eval's per-(prompt, sample) seeds): the same rows as the
     derived seeds they equal, in any batch split; a wrong count is refused."""
     from quartet.data import left_pad
-    from quartet.rollout.engine import sample_seed
+    from quartet.rollout.sampling import sample_seed
 
     model, tok = load_causal_lm(TINY)
     engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=6, batch_size=2), dtype=torch.float32)
@@ -170,7 +215,7 @@ def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples
     tokens are still exactly what transformers' `generate` samples with the same processors and seeds, which
     runs every row to the end. EOS is made a likely token here, so rows finish at many different steps."""
     from quartet.data import left_pad
-    from quartet.rollout.engine import row_seeds
+    from quartet.rollout.sampling import row_seeds
 
     model, tok = load_causal_lm(TINY)
     engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=24, batch_size=64), dtype=torch.float32)
@@ -216,7 +261,8 @@ def test_recorded_logprobs_are_the_teacher_forced_forwards(share_weights):
     tok.eos_token = tok.convert_ids_to_tokens(int(eos))  # the rollout's answers end there too
     engine.generation_config.eos_token_id = int(eos)
     assert engine.generate(ids, mask, seed=1).engine_logprobs is None  # only when asked
-    engine.record_logprobs = True
+    engine = HFEngine(model, tok, gen, dtype=torch.float32, share_weights=share_weights, record_logprobs=True)
+    assert engine.generation_config.eos_token_id == int(eos)
     ro = engine.generate(ids, mask, seed=1, num_samples=2)
     assert 1 < int(ro.lengths.min()) < int(ro.lengths.max())  # rows ended at different steps
     with torch.no_grad():

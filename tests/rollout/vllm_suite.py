@@ -16,9 +16,11 @@ import os
 import pytest
 import torch
 
-from quartet.config import GenerationConfig, LoraConfig, PPOConfig, from_dict
+from builders import tiny_ppo
+from quartet.config import GenerationConfig, LoraConfig, from_dict
 from quartet.models import apply_lora, load_causal_lm
-from quartet.rollout.engine import HFEngine, make_engine, merged_state_dict
+from quartet.rollout.engine import HFEngine, make_engine
+from quartet.rollout.weights import merged_state_dict
 from quartet.trainers.ppo_roles import actor_logprobs
 
 vllm_engine = pytest.importorskip("quartet.rollout.vllm_engine")
@@ -206,20 +208,15 @@ def test_ppo_with_the_vllm_engine_logs_the_gap_and_corrects_it(setup, tmp_path, 
     model, tok, cfg, engine = setup
     handed = []
 
-    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):
+    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False, record_logprobs=False):
         assert gen_cfg.engine == "vllm"
         engine.cfg = gen_cfg
         handed.append(gen_cfg)
         return engine
 
     monkeypatch.setattr(ppo, "make_engine", shared_engine)
-    pcfg = from_dict(PPOConfig, {
-        "policy": TINY, "reward": "task:tiny-target",
-        "prompts": {"path": "task:tiny-target/train", "max_prompt_tokens": 32},
-        "output_dir": str(tmp_path / "ppo"), "iterations": 3, "rollout_batch_size": 16, "minibatch_size": 8,
-        "micro_batch_size": 8, "ppo_epochs": 2, "optim": {"lr": 1e-2}, "precision": "fp32", "critic": "shared",
-        "generation": {"max_new_tokens": 8, "batch_size": 16, "engine": "vllm"}, "tis_cap": 2.0,
-    })
+    pcfg = tiny_ppo(tmp_path, policy=TINY, micro_batch_size=8, tis_cap=2.0,
+                    **{"optim.adam_eps": 1e-5, "generation.engine": "vllm"})
     trainer = ppo.PPOTrainer(pcfg, progress=False)
     before = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters()}
     result = trainer.train()
@@ -245,9 +242,9 @@ def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypa
     each sample has its (prompt, sample) seed, so a checkpoint's responses do not depend on which checkpoint
     started the engine or ran before it; a checkpoint of another architecture is refused with one line."""
     from quartet.errors import ConfigError
+    from quartet.eval import evaluate as eval_module
     from quartet.eval.evaluate import evaluate
     from quartet.models import save_model
-    from quartet.rollout import engine as engine_module
 
     model, tok, cfg, engine = setup
     eos = tok.eos_token_id
@@ -266,7 +263,7 @@ def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypa
         engine.sync(actor)
         return engine
 
-    monkeypatch.setattr(engine_module, "make_engine", shared_engine)
+    monkeypatch.setattr(eval_module, "make_engine", shared_engine)
     kw = dict(prompts="task:tiny-target/eval", num_prompts=8, samples_per_prompt=4, max_new_tokens=12,
               temperature=1.0, relevance=None, sample_dtype="bf16", engine="vllm")
     try:
@@ -355,7 +352,7 @@ def test_two_processes_each_with_its_vllm_engine_equal_one(setup, tmp_path, monk
 
     model, tok, cfg, engine = setup
 
-    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):
+    def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False, record_logprobs=False):
         engine.cfg, engine.tokenizer = gen_cfg, tokenizer
         engine.sync(actor)
         return engine

@@ -12,8 +12,9 @@ import sys
 
 import pytest
 import torch
-from test_ppo import TINY, _exact_objective, make_cfg
+from test_ppo import _exact_objective
 
+from builders import TINY, tiny_ppo
 from quartet.algo import ESTIMATORS
 from quartet.config import PPOConfig, from_dict, load_config
 from quartet.errors import ConfigError
@@ -32,7 +33,7 @@ def bandit_cfg(tmp_path, advantage: str, **overrides) -> PPOConfig:
         "generation.max_new_tokens": 1, "generation.batch_size": 128, "optim.lr": 1e-2,
     }
     base.update(overrides)
-    return make_cfg(tmp_path, **base)
+    return tiny_ppo(tmp_path, **base)
 
 
 def _letter_table(trainer):
@@ -102,7 +103,7 @@ def test_every_estimator_learns_tiny_target(tmp_path, advantage):
     # 0-4 (0.075-0.272 against 0.1-0.14), and 4 of 5 without; after 100, 7 of seeds 0-7 either way (the one
     # short, seed 4, started high: 0.085-0.115 against 0.137), this test's seed 0 at 0.14-0.16 against 0.11
     iterations = 100 if advantage == "remax" else 30
-    cfg = make_cfg(
+    cfg = tiny_ppo(
         tmp_path, advantage=advantage, critic="shared" if advantage == "gae" else None, iterations=iterations,
         rollout_batch_size=8 if group else 32, samples_per_prompt=4 if group else 1, minibatch_size=16,
         micro_batch_size=16, ppo_epochs=2, **{"generation.batch_size": 32},
@@ -124,7 +125,7 @@ def test_critic_free_run_through_doctor_and_report(tmp_path):
     from quartet.monitor.doctor import diagnose_run
     from quartet.monitor.report import write_report
 
-    cfg = make_cfg(tmp_path, advantage="rloo", critic=None, samples_per_prompt=4, rollout_batch_size=4,
+    cfg = tiny_ppo(tmp_path, advantage="rloo", critic=None, samples_per_prompt=4, rollout_batch_size=4,
                    iterations=6, minibatch_size=16, micro_batch_size=8)
     result = PPOTrainer(cfg, progress=False).train()
     assert not (result.run_dir / "value_head.safetensors").exists() and not (result.run_dir / "critic").exists()
@@ -137,7 +138,7 @@ def test_critic_free_run_through_doctor_and_report(tmp_path):
 
 
 def test_group_samples_are_contiguous_and_share_their_prompt(tmp_path):
-    cfg = make_cfg(tmp_path, advantage="grpo", critic=None, samples_per_prompt=4, rollout_batch_size=4,
+    cfg = tiny_ppo(tmp_path, advantage="grpo", critic=None, samples_per_prompt=4, rollout_batch_size=4,
                    minibatch_size=16, micro_batch_size=8, iterations=1)
     trainer = PPOTrainer(cfg, progress=False)
     exp = trainer.experience.make(trainer.model, 1)
@@ -150,7 +151,7 @@ def test_group_samples_are_contiguous_and_share_their_prompt(tmp_path):
 
 
 def test_remax_scores_one_greedy_response_per_prompt(tmp_path):
-    cfg = make_cfg(tmp_path, advantage="remax", critic=None, rollout_batch_size=8, minibatch_size=8,
+    cfg = tiny_ppo(tmp_path, advantage="remax", critic=None, rollout_batch_size=8, minibatch_size=8,
                    micro_batch_size=8, iterations=1)
     trainer = PPOTrainer(cfg, progress=False)
     exp = trainer.experience.make(trainer.model, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import string
@@ -9,41 +10,22 @@ import string
 import pytest
 import torch
 
+from builders import TINY, tiny_ppo
 from equivalence import LINEAR_ADAM, METRIC_TOL, update_atol
-from quartet.config import PPOConfig, from_dict, validate
+from quartet.config import validate
 from quartet.errors import ConfigError
+from quartet.trainers.plan import plan_forward_paths
 from quartet.trainers.ppo import PPOTrainer
-
-TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
-
-
-def make_cfg(tmp_path, **overrides) -> PPOConfig:
-    base = {
-        "policy": TINY,
-        "reward": "task:tiny-target",
-        "prompts": {"path": "task:tiny-target/train", "max_prompt_tokens": 32},
-        "output_dir": str(tmp_path / "ppo"),
-        "iterations": 3,
-        "rollout_batch_size": 16,
-        "minibatch_size": 8,
-        "micro_batch_size": 4,
-        "ppo_epochs": 2,
-        "generation": {"max_new_tokens": 8, "batch_size": 16},
-        "optim": {"lr": 1e-2, "adam_eps": 1e-8},  # the eps these tests' runs were tuned with
-        "precision": "fp32",
-        "critic": "shared",
-    }
-    for key, value in overrides.items():
-        node = base
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return from_dict(PPOConfig, base)
 
 
 def _params(module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
+
+
+def _force_plan(monkeypatch, **decisions) -> None:
+    """Trainers made from now on run the plan their start-up computes, with `decisions` changed (trainers/plan.py)."""
+    monkeypatch.setattr("quartet.trainers.ppo.plan_forward_paths",
+                        lambda cfg, facts: dataclasses.replace(plan_forward_paths(cfg, facts), **decisions))
 
 
 # ---------------------------------------------------------------------------- closed form
@@ -69,7 +51,7 @@ def test_ppo_reaches_the_kl_regularised_optimum(tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": "pick"}) + "\n" for _ in range(64)))
     beta = 0.5
-    cfg = make_cfg(
+    cfg = tiny_ppo(
         tmp_path,
         reward="ppo_rewards:letter",
         **{"prompts.path": str(prompts)},
@@ -94,7 +76,7 @@ def test_ppo_reaches_the_kl_regularised_optimum(tmp_path):
 
 # ---------------------------------------------------------------------------- learning
 def test_ppo_learns_tiny_target_and_only_trains_actor_and_critic(tmp_path):
-    cfg = make_cfg(tmp_path, iterations=60, rollout_batch_size=32, minibatch_size=16, micro_batch_size=16,
+    cfg = tiny_ppo(tmp_path, iterations=60, rollout_batch_size=32, minibatch_size=16, micro_batch_size=16,
                    ppo_epochs=4, critic="separate", reference=TINY, **{"generation.batch_size": 32})
     trainer = PPOTrainer(cfg, progress=False)
     actor0, critic0, ref0 = (_params(m) for m in (trainer.roles.actor, trainer.roles.critic, trainer.roles.reference))
@@ -112,13 +94,13 @@ def test_ppo_learns_tiny_target_and_only_trains_actor_and_critic(tmp_path):
 
 
 def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp_path):
-    cfg = make_cfg(tmp_path, iterations=2, **{"lora.enabled": True, "lora.r": 4})
+    cfg = tiny_ppo(tmp_path, iterations=2, **{"lora.enabled": True, "lora.r": 4})
     trainer = PPOTrainer(cfg, progress=False)
     assert trainer.roles.reference is None
     assert not trainer.experience.engine.shares_weights  # the engine samples a merged copy
     base0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if not p.requires_grad}
     lora0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if p.requires_grad}
-    metrics = trainer.step(1)
+    metrics = trainer.step(1).metrics
     # before any update the actor equals its reference: KL is exactly zero
     assert metrics["objective/kl"] == pytest.approx(0.0, abs=1e-6)
     trainer.step(2)
@@ -128,7 +110,7 @@ def test_lora_actor_keeps_base_weights_and_reference_is_the_disabled_adapter(tmp
 
 
 @pytest.mark.parametrize("recompute", ["none", "full"])
-def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path, recompute):
+def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path, monkeypatch, recompute):
     """`lora.layers_to_transform` above layer 0: the layers below run once per rollout (models/trunk.py), not in
     the old-log-prob, reference and every update forward; the step is that of full forwards (with activation
     checkpointing too, which runs the top layers' forwards again in the backward)."""
@@ -137,16 +119,16 @@ def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path
             "activation_checkpointing": recompute, **LINEAR_ADAM}
     runs = {}
     for name in ("trunk", "full"):
-        trainer = PPOTrainer(make_cfg(tmp_path / name, iterations=2, **lora), progress=False)
         if name == "full":
-            trainer.roles.policy.trunk = None
-        assert (trainer.roles.policy.trunk is not None) == (name == "trunk")
+            _force_plan(monkeypatch, trunk=False)
+        trainer = PPOTrainer(tiny_ppo(tmp_path / name, iterations=2, **lora), progress=False)
+        assert trainer.plan.trunk == (trainer.experience.trunk is not None) == (name == "trunk")
         bottom = trainer.roles.actor.get_base_model().model.layers[0]
         calls = []
         bottom.register_forward_hook(lambda *a, calls=calls: calls.append(1))
         base0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if not p.requires_grad}
         lora0 = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters() if p.requires_grad}
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         named = dict(trainer.roles.actor.named_parameters())
         assert all(torch.equal(base0[n], named[n]) for n in base0)
         assert any(not torch.equal(lora0[n], named[n]) for n in lora0)
@@ -164,35 +146,35 @@ def test_lora_on_the_top_layers_runs_the_frozen_bottom_once_per_rollout(tmp_path
 
 @pytest.mark.parametrize("critic", ["shared", "separate"])
 def test_critic_warmup_trains_only_the_critic_first(tmp_path, critic):
-    cfg = make_cfg(tmp_path, iterations=3, critic=critic, critic_warmup=2, reference=TINY,
+    cfg = tiny_ppo(tmp_path, iterations=3, critic=critic, critic_warmup=2, reference=TINY,
                    **{"lora.enabled": critic == "shared", "lora.r": 4})
     trainer = PPOTrainer(cfg, progress=False)
     actor, value = trainer.roles.actor, trainer.roles.critic
     trained = {n for n, p in actor.named_parameters() if p.requires_grad}
     before = _params(actor), _params(value)
     for it in (1, 2):
-        metrics = trainer.step(it)
+        metrics = trainer.step(it).metrics
         assert metrics["optim/actor_frozen"] == 1.0
         assert all(torch.equal(before[0][n], p) for n, p in actor.named_parameters()), f"actor moved at {it}"
         assert any(not torch.equal(before[1][n], p) for n, p in value.named_parameters()), f"critic still at {it}"
         assert all(math.isfinite(v) for v in metrics.values())
-    assert trainer.step(3)["optim/actor_frozen"] == 0.0
+    assert trainer.step(3).metrics["optim/actor_frozen"] == 0.0
     assert any(not torch.equal(before[0][n], p) for n, p in actor.named_parameters() if n in trained)
 
 
 def test_critic_warmup_needs_a_critic_and_actor_iterations(tmp_path):
     with pytest.raises(ConfigError, match="critic_warmup: 1 iterations of critic-only training, but this run has no"):
-        validate(make_cfg(tmp_path, critic="none", advantage="grpo", samples_per_prompt=2, critic_warmup=1))
+        validate(tiny_ppo(tmp_path, critic="none", advantage="grpo", samples_per_prompt=2, critic_warmup=1))
     with pytest.raises(ConfigError, match=r"critic_warmup: 3 must be below iterations \(3\)"):
-        validate(make_cfg(tmp_path, critic_warmup=3))
+        validate(tiny_ppo(tmp_path, critic_warmup=3))
 
 
 # ---------------------------------------------------------------------------- resume
 def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
     common = dict(iterations=4, save_every=2, critic="separate", reference=TINY, reward_norm=True, adaptive_kl=True)
-    full = PPOTrainer(make_cfg(tmp_path / "a", **common), progress=False).train()
+    full = PPOTrainer(tiny_ppo(tmp_path / "a", **common), progress=False).train()
 
-    crashing = PPOTrainer(make_cfg(tmp_path / "b", **common), progress=False)
+    crashing = PPOTrainer(tiny_ppo(tmp_path / "b", **common), progress=False)
     real_step = crashing.step
 
     def step(iteration):
@@ -203,7 +185,7 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
     monkeypatch.setattr(crashing, "step", step)
     with pytest.raises(KeyboardInterrupt):
         crashing.train()
-    resumed = PPOTrainer(make_cfg(tmp_path / "b", **common), resume=True, progress=False)
+    resumed = PPOTrainer(tiny_ppo(tmp_path / "b", **common), resume=True, progress=False)
     assert resumed.start_iteration == 2
     resumed.train()
 
@@ -221,7 +203,7 @@ def test_resume_repeats_the_uninterrupted_run(tmp_path, monkeypatch):
 
 
 def test_existing_run_needs_resume(tmp_path):
-    cfg = make_cfg(tmp_path, iterations=1, save_every=1)  # save_every: 0 keeps no checkpoint to continue from
+    cfg = tiny_ppo(tmp_path, iterations=1, save_every=1)  # save_every: 0 keeps no checkpoint to continue from
     PPOTrainer(cfg, progress=False).train()
     with pytest.raises(ConfigError, match="--resume"):
         PPOTrainer(cfg, progress=False)
@@ -230,7 +212,7 @@ def test_existing_run_needs_resume(tmp_path):
 # ---------------------------------------------------------------------------- live doctor
 def test_reward_hacking_is_flagged_and_stop_on_ends_the_run(tmp_path):
     """beta = 0 and a reward that pays for repeating one character: the doctor sees distinct-n fall as score rises."""
-    cfg = make_cfg(tmp_path, reward="ppo_rewards:repeated_char", kl_coef=0.0, iterations=40,
+    cfg = tiny_ppo(tmp_path, reward="ppo_rewards:repeated_char", kl_coef=0.0, iterations=40,
                    rollout_batch_size=32, minibatch_size=16, micro_batch_size=16, ppo_epochs=4,
                    stop_on=["reward_hacking_repetition"],
                    **{"generation.batch_size": 32, "generation.max_new_tokens": 12, "optim.lr": 1e-2})
@@ -242,17 +224,17 @@ def test_reward_hacking_is_flagged_and_stop_on_ends_the_run(tmp_path):
     assert (result.run_dir / "model" / "model.safetensors").is_file()
 
 
-def test_one_backward_per_role_gives_the_joint_backwards_gradients(tmp_path):
+def test_one_backward_per_role_gives_the_joint_backwards_gradients(tmp_path, monkeypatch):
     """A separate critic on one process back-propagates the actor's loss and then the critic's (less memory
     at the peak); the update must be the one a single backward of the summed loss makes."""
     runs = {}
+    cfg = {"iterations": 2, "critic": "separate", "reference": TINY, **LINEAR_ADAM}
+    assert PPOTrainer(tiny_ppo(tmp_path / "planned", **cfg), progress=False).plan.split_backward
     for split in (True, False):
-        trainer = PPOTrainer(make_cfg(tmp_path / str(split), iterations=2, critic="separate", reference=TINY,
-                                      **LINEAR_ADAM), progress=False)
-        assert trainer.split_backward
-        trainer.split_backward = split
+        _force_plan(monkeypatch, split_backward=split)
+        trainer = PPOTrainer(tiny_ppo(tmp_path / str(split), **cfg), progress=False)
         before = _params(trainer.model)
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         runs[split] = (before, _params(trainer.model), metrics)
     _assert_same_update(runs[False], runs[True], keys=("policy/loss", "value/loss", "policy/clipfrac", "optim/grad_norm"))
 
@@ -262,14 +244,14 @@ def test_activation_checkpointing_makes_the_same_update(tmp_path, mode):
     """Recomputing the actor's and the separate critic's activations changes what is held, not the update."""
     runs = {}
     for m in ("none", mode):
-        trainer = PPOTrainer(make_cfg(tmp_path / m, iterations=2, critic="separate", reference=TINY,
+        trainer = PPOTrainer(tiny_ppo(tmp_path / m, iterations=2, critic="separate", reference=TINY,
                                       activation_checkpointing=m, **LINEAR_ADAM), progress=False)
         on = [trainer.roles.actor.model.gradient_checkpointing,
-              trainer.roles.policy.critic.backbone.gradient_checkpointing]
+              trainer.roles.critic.backbone.gradient_checkpointing]
         assert on == [m != "none"] * 2
         assert trainer.experience.engine.model is trainer.roles.actor  # a full fine-tune is sampled as it is
         before = _params(trainer.model)
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         runs[m] = (before, _params(trainer.model), metrics)
     _assert_same_update(runs["none"], runs[mode])
 
@@ -279,12 +261,12 @@ def test_lean_ops_make_the_same_update(tmp_path):
     both roles' layers get them, and a PPO step moves the weights as the plain modules do."""
     runs = {}
     for lean in (False, True):
-        trainer = PPOTrainer(make_cfg(tmp_path / str(lean), iterations=2, critic="separate", reference=TINY,
+        trainer = PPOTrainer(tiny_ppo(tmp_path / str(lean), iterations=2, critic="separate", reference=TINY,
                                       lean_ops=lean, **LINEAR_ADAM), progress=False)
-        layers = [trainer.roles.actor.model.layers[0], trainer.roles.policy.critic.backbone.layers[0]]
+        layers = [trainer.roles.actor.model.layers[0], trainer.roles.critic.backbone.layers[0]]
         assert [getattr(layer.mlp, "_quartet_lean", False) for layer in layers] == [lean, lean]
         before = _params(trainer.model)
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         runs[lean] = (before, _params(trainer.model), metrics)
     _assert_same_update(runs[False], runs[True])
 
@@ -306,17 +288,17 @@ def test_the_shared_prompt_prefix_makes_the_same_update(tmp_path, setup):
         "lora.layers_to_transform": [1]}
     runs, tokens = {}, {}
     for share in (False, True):
-        trainer = PPOTrainer(make_cfg(tmp_path / str(share), iterations=2, share_prompt_prefix=share, **LINEAR_ADAM,
+        trainer = PPOTrainer(tiny_ppo(tmp_path / str(share), iterations=2, share_prompt_prefix=share, **LINEAR_ADAM,
                                       **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}, **cfg), progress=False)
-        policy = trainer.roles.policy
-        assert [policy.share_prefix, trainer.experience.reference_shares_prefix] == [share, share]
-        assert policy.critic_shares_prefix == (share and setup == "separate")
-        assert (policy.trunk is not None) == (setup != "separate")
-        layer = (policy.actor.get_base_model() if setup != "separate" else policy.actor).model.layers[-1]
+        plan, actor = trainer.plan, trainer.roles.actor
+        assert [plan.actor_shares_prefix, plan.reference_shares_prefix] == [share, share]
+        assert plan.critic_shares_prefix == (share and setup == "separate")
+        assert plan.trunk == (setup != "separate")
+        layer = (actor.get_base_model() if setup != "separate" else actor).model.layers[-1]
         seen = []
         layer.register_forward_hook(lambda m, a, out, seen=seen: seen.append(a[0].shape[0] * a[0].shape[1]))
         before = _params(trainer.model)
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         runs[share], tokens[share] = (before, _params(trainer.model), metrics), sum(seen)
     assert tokens[True] < 0.8 * tokens[False]  # "Answer with one short word: " ran once per forward, not per row
     # the prefix's products at batch 1 round apart from the batch's in the last bits (argued with
@@ -330,15 +312,14 @@ def test_activation_checkpointing_on_the_shared_prompt_prefix_makes_the_same_upd
     without recompute."""
     runs = {}
     for name, share, recompute in (("plain", False, "none"), ("shared", True, mode)):
-        trainer = PPOTrainer(make_cfg(tmp_path / name, iterations=2, critic="separate", reference=TINY,
+        trainer = PPOTrainer(tiny_ppo(tmp_path / name, iterations=2, critic="separate", reference=TINY,
                                       share_prompt_prefix=share, activation_checkpointing=recompute, **LINEAR_ADAM,
                                       **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}),
                              progress=False)
-        policy = trainer.roles.policy
-        assert [policy.share_prefix, policy.critic_shares_prefix, trainer.experience.reference_shares_prefix] == \
-            [share] * 3
+        plan = trainer.plan
+        assert [plan.actor_shares_prefix, plan.critic_shares_prefix, plan.reference_shares_prefix] == [share] * 3
         before = _params(trainer.model)
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         runs[name] = (before, _params(trainer.model), metrics)
     _assert_same_update(runs["plain"], runs["shared"])
 
@@ -349,14 +330,13 @@ def test_without_a_cache_kept_under_checkpointing_the_trained_roles_run_whole_ro
     import quartet.models.prefix as prefix
 
     monkeypatch.setattr(prefix, "keep_cache_under_checkpointing", lambda model: False)
-    trainer = PPOTrainer(make_cfg(tmp_path, iterations=2, critic="separate", reference=TINY,
+    trainer = PPOTrainer(tiny_ppo(tmp_path, iterations=2, critic="separate", reference=TINY,
                                   activation_checkpointing="selective",
                                   **{"prompts.path": _prefix_prompts(tmp_path), "prompts.max_prompt_tokens": 64}),
                          progress=False)
-    policy = trainer.roles.policy
-    assert [policy.share_prefix, policy.critic_shares_prefix, trainer.experience.reference_shares_prefix] == \
-        [False, False, True]
-    assert all(math.isfinite(v) for v in trainer.step(1).values())
+    plan = trainer.plan
+    assert [plan.actor_shares_prefix, plan.critic_shares_prefix, plan.reference_shares_prefix] == [False, False, True]
+    assert all(math.isfinite(v) for v in trainer.step(1).metrics.values())
 
 
 @pytest.mark.parametrize("setup", ["separate", "rloo", "lora"])
@@ -374,9 +354,9 @@ def test_the_sampling_passs_logprobs_make_the_same_update(tmp_path, monkeypatch,
     monkeypatch.setattr(ppo_roles, "actor_logprobs", lambda *a, **k: calls.append(1) or forward(*a, **k))
     runs = {}
     for reuse in (False, True):
-        trainer = PPOTrainer(make_cfg(tmp_path / str(reuse), iterations=2, reuse_sampling_logprobs=reuse, **cfg),
+        trainer = PPOTrainer(tiny_ppo(tmp_path / str(reuse), iterations=2, reuse_sampling_logprobs=reuse, **cfg),
                              progress=False)
-        assert trainer.experience.reuse_sampling_logprobs is trainer.experience.engine.record_logprobs is reuse
+        assert trainer.plan.reuse_sampling_logprobs is trainer.experience.engine.record_logprobs is reuse
         before = _params(trainer.model)
         calls.clear()
         experience = trainer.experience.make(trainer.model, 1)
@@ -384,7 +364,7 @@ def test_the_sampling_passs_logprobs_make_the_same_update(tmp_path, monkeypatch,
         assert experience.entropy.abs().sum() > 0
         sampled = (experience.rollout.old_logprobs, experience.entropy)
         calls.clear()
-        metrics = trainer.step(1)
+        metrics = trainer.step(1).metrics
         assert calls  # the update's forwards
         runs[reuse] = (before, _params(trainer.model), metrics, sampled)
     for got, want in zip(runs[True][3], runs[False][3]):  # old log-probs, entropy
@@ -400,8 +380,8 @@ def test_the_sampling_passs_logprobs_are_not_reused_where_they_differ_or_save_no
     """bf16 sampling rounds apart from the training forward (by more than the update's first ratios should see);
     a shared value head needs the actor's forward anyway: the actor's forward gives the old log-probs there."""
     cfg = {"critic": "separate", **overrides}
-    trainer = PPOTrainer(make_cfg(tmp_path, **cfg), progress=False)
-    assert not trainer.experience.reuse_sampling_logprobs and not trainer.experience.engine.record_logprobs
+    trainer = PPOTrainer(tiny_ppo(tmp_path, **cfg), progress=False)
+    assert not trainer.plan.reuse_sampling_logprobs and not trainer.experience.engine.record_logprobs
 
 
 # ---------------------------------------------------------------------------- one update, two computations
@@ -426,28 +406,28 @@ def _assert_same_update(plain, other, keys=("policy/loss", "value/loss", "optim/
 def test_bf16_reference_stores_its_linears_in_bf16_and_starts_at_zero_kl(tmp_path):
     """Under bf16 autocast the frozen reference keeps its linear layers in bf16 (less memory, no cast per
     forward); its log-probs are still those of the fp32 actor under the same autocast: KL exactly 0 at first."""
-    cfg = make_cfg(tmp_path, iterations=1, precision="bf16", critic="separate", reference=TINY)
+    cfg = tiny_ppo(tmp_path, iterations=1, precision="bf16", critic="separate", reference=TINY)
     trainer = PPOTrainer(cfg, progress=False)
     ref = dict(trainer.roles.reference.named_parameters())
     assert ref["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
     assert ref["model.embed_tokens.weight"].dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in trainer.roles.actor.parameters())
-    metrics = trainer.step(1)
+    metrics = trainer.step(1).metrics
     assert metrics["objective/kl"] == 0.0
 
 
-def test_a_separate_critic_is_clipped_by_its_own_norm(tmp_path):
+def test_a_separate_critic_is_clipped_by_its_own_norm(tmp_path, monkeypatch):
     """A separate critic's gradient is clipped by its own norm, the actor's by its own (OpenRLHF and veRL give
     each its own optimizer): a value loss 1000x larger must not shrink the actor's steps, on one backward per
     role or one backward for both."""
     runs = {}
     for split in (True, False):
+        _force_plan(monkeypatch, split_backward=split)
         for vf_coef in (0.1, 100.0):
-            cfg = make_cfg(tmp_path / f"{split}-{vf_coef}", iterations=1, critic="separate", reference=TINY,
+            cfg = tiny_ppo(tmp_path / f"{split}-{vf_coef}", iterations=1, critic="separate", reference=TINY,
                            vf_coef=vf_coef, **{"optim.max_grad_norm": 0.05})
             trainer = PPOTrainer(cfg, progress=False)
-            trainer.split_backward = split
-            metrics = trainer.step(1)
+            metrics = trainer.step(1).metrics
             runs[split, vf_coef] = (_params(trainer.roles.actor), _params(trainer.roles.critic), metrics)
     for split in (True, False):
         (actor_a, critic_a, m_a), (actor_b, critic_b, m_b) = runs[split, 0.1], runs[split, 100.0]
@@ -477,7 +457,7 @@ def test_a_bad_nested_setting_built_in_python_is_refused_before_any_model_loads(
         raise AssertionError("a model was loaded before the config was checked")
 
     monkeypatch.setattr(ppo, "build_roles", no_model)
-    cfg = make_cfg(tmp_path)
+    cfg = tiny_ppo(tmp_path)
     setattr(cfg, field, dataclasses.replace(getattr(cfg, field), **value))
     with pytest.raises(ConfigError, match=message):
         PPOTrainer(cfg, progress=False)
@@ -497,7 +477,7 @@ def test_ppo_and_grpo_take_their_prompts_from_a_preference_file(tmp_path):
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     prompts = [[{"role": "user", "content": "pick one"}], [{"role": "user", "content": "say a letter"}]]
     for advantage, critic in (("gae", "shared"), ("grpo", None)):
-        cfg = make_cfg(tmp_path / advantage, reward="ppo_rewards:repeated_char", advantage=advantage, critic=critic,
+        cfg = tiny_ppo(tmp_path / advantage, reward="ppo_rewards:repeated_char", advantage=advantage, critic=critic,
                        samples_per_prompt=1 if critic else 4, iterations=2, **{"prompts.path": str(pairs)})
         trainer = PPOTrainer(cfg, progress=False)
         assert trainer.experience.prompts == prompts == [load_preferences(cfg.prompts)[i].prompt for i in (0, 3)]

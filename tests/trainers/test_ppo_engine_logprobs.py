@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-from test_ppo import make_cfg  # pytest puts tests/trainers on sys.path
 
+from builders import tiny_ppo
 from quartet.rollout.engine import HFEngine
 from quartet.trainers import ppo
 from quartet.trainers.ppo_roles import actor_logprobs
@@ -28,13 +28,13 @@ class LogprobHFEngine(HFEngine):
 
 
 def run(tmp_path, monkeypatch, shift, **overrides):
-    def make(actor, tok, gen_cfg, dtype, share_weights=False):  # an engine with its own copy, as vLLM
+    def make(actor, tok, gen_cfg, dtype, share_weights=False, record_logprobs=False):  # its own copy, as vLLM
         engine = LogprobHFEngine(actor, tok, gen_cfg, dtype)
         engine.shift = shift
         return engine
 
     monkeypatch.setattr(ppo, "make_engine", make)
-    cfg = make_cfg(tmp_path, iterations=2, **{"generation.engine": "vllm"}, **overrides)
+    cfg = tiny_ppo(tmp_path, iterations=2, **{"generation.engine": "vllm"}, **overrides)
     trainer = ppo.PPOTrainer(cfg, progress=False)
     before = {n: p.detach().clone() for n, p in trainer.roles.actor.named_parameters()}
     result = trainer.train()

@@ -5,34 +5,18 @@ from __future__ import annotations
 
 import json
 
-from quartet.config import PPOConfig, from_dict
+from builders import tiny_ppo
 from quartet.trainers.ppo import PPOTrainer
-
-TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=1"
 
 
 def test_off_task_reward_is_flagged_and_stop_on_ends_the_run(tmp_path):
     """tiny-target pays for 'a' and digits, which never occur in its prompts; its relevance judge is the share
     of response characters taken from the prompt. As the score rises, relevance must fall, and the doctor
     stops the run on off_task_drift (beta = 0: nothing holds the policy near the reference)."""
-    cfg = from_dict(PPOConfig, {
-        "policy": TINY,
-        "reward": "task:tiny-target",
-        "monitor_judges": {"relevance": "task:tiny-target/relevance"},
-        "prompts": {"path": "task:tiny-target/train", "max_prompt_tokens": 32},
-        "output_dir": str(tmp_path / "ppo"),
-        "iterations": 40,
-        "rollout_batch_size": 32,
-        "minibatch_size": 16,
-        "micro_batch_size": 16,
-        "ppo_epochs": 4,
-        "kl_coef": 0.0,
-        "generation": {"max_new_tokens": 12, "batch_size": 32},
-        "optim": {"lr": 1e-2},
-        "precision": "fp32",
-        "critic": "shared",
-        "stop_on": ["off_task_drift"],
-    })
+    cfg = tiny_ppo(tmp_path, monitor_judges={"relevance": "task:tiny-target/relevance"}, iterations=40,
+                   rollout_batch_size=32, minibatch_size=16, micro_batch_size=16, ppo_epochs=4, kl_coef=0.0,
+                   stop_on=["off_task_drift"],
+                   **{"generation.max_new_tokens": 12, "generation.batch_size": 32, "optim.adam_eps": 1e-5})
     result = PPOTrainer(cfg, progress=False).train()
     assert result.stopped_by is not None and "off_task_drift" in result.stopped_by
     assert result.iterations < 40

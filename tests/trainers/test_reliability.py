@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_ppo import TINY, make_cfg
 
+from builders import TINY, tiny_ppo
 from quartet.atomic import atomic_dir, atomic_write_text
 from quartet.errors import ConfigError, QuartetError
 from quartet.outputs import MARKER, check_output_dir, run_lock
@@ -155,7 +155,7 @@ def _run(tmp_path, name="ppo", **kw):
     common = dict(iterations=4, save_every=1, keep_checkpoints=4, critic="separate", reference=TINY,
                   reward_norm=True, adaptive_kl=True)
     common.update(kw)
-    return make_cfg(tmp_path / name, **common)
+    return tiny_ppo(tmp_path / name, **common)
 
 
 def _steps(run_dir: Path) -> dict:
@@ -362,7 +362,7 @@ def test_non_finite_weights_never_reach_a_saved_model(tmp_path):
     trainer = PPOTrainer(cfg, progress=False)
     real_step = trainer.optimizer.step
     calls = {"n": 0}
-    per_iteration = cfg.updates_per_iteration * (2 if trainer.split_backward else 1)  # a step per role
+    per_iteration = cfg.updates_per_iteration * (2 if trainer.plan.split_backward else 1)  # a step per role
 
     def poisoned_step(*a, **k):
         out = real_step(*a, **k)
@@ -535,7 +535,7 @@ def test_save_checkpoint_prunes_only_older_checkpoints_and_never_the_protected_o
 def test_logged_metrics_are_exactly_what_a_run_logs(tmp_path, kw):
     """PPOConfig.logged_metrics, which best_metric is checked against, is the trainer's own list: a drift
     between the two fails here."""
-    cfg = make_cfg(tmp_path, iterations=1, **kw)
+    cfg = tiny_ppo(tmp_path, iterations=1, **kw)
     PPOTrainer(cfg, progress=False).train()
     records = [json.loads(line) for line in (Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()]
     assert set().union(*records) - {"stage", "algorithm", "step", "time"} == set(cfg.logged_metrics)
@@ -547,11 +547,11 @@ def test_best_metric_must_name_a_metric_the_run_logs(tmp_path):
 
     with pytest.raises(ConfigError, match=r"ppo.best_metric: 'objective/gold' is not a metric this run logs \(choose "
                                           r"from memory/peak_rss_mb, objective/kl, .*value/loss\)$"):
-        validate(make_cfg(tmp_path, best_metric="objective/gold"))
+        validate(tiny_ppo(tmp_path, best_metric="objective/gold"))
     with pytest.raises(ConfigError, match="'value/loss' is not a metric this run logs"):
-        validate(make_cfg(tmp_path, best_metric="value/loss", advantage="grpo", samples_per_prompt=2, critic=None))
-    validate(make_cfg(tmp_path, best_metric="objective/gold", gold="task:tiny-target"))
-    validate(make_cfg(tmp_path, best_metric="rollout/rel", monitor_judges={"rel": "task:tiny-target"}))
+        validate(tiny_ppo(tmp_path, best_metric="value/loss", advantage="grpo", samples_per_prompt=2, critic=None))
+    validate(tiny_ppo(tmp_path, best_metric="objective/gold", gold="task:tiny-target"))
+    validate(tiny_ppo(tmp_path, best_metric="rollout/rel", monitor_judges={"rel": "task:tiny-target"}))
 
 
 def test_dpo_with_kl_samples_zero_logs_no_kl_and_its_run_reads_back(tmp_path):

@@ -26,8 +26,9 @@ from quartet.algo.losses import (
     explained_variance,
 )
 from quartet.algo.offpolicy import logprob_gap, truncated_importance_weights
+from quartet.algo.positions import position_ids_from_mask
 from quartet.algo.preference import PREFERENCE_LOSSES, preference_loss
-from quartet.algo.sampling import inverse_cdf
+from quartet.algo.sampling import inverse_cdf, nucleus
 from quartet.algo.stats import (
     check_mask,
     last_token_index,
@@ -70,6 +71,8 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "nucleus",
+    "position_ids_from_mask",
     "preference_loss",
     "reinforce_advantages",
     "token_rewards",

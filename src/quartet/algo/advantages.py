@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from quartet.algo.stats import check_mask, masked_sum
+from quartet.algo.stats import check_mask, masked_sum, masked_whiten
 
 
 def gae(
@@ -114,7 +114,6 @@ def reinforce_pp_advantages(
     """REINFORCE++ (Hu 2025, "REINFORCE++: a simple and efficient approach"): token returns-to-go of the
     KL-shaped reward, optionally minus the group mean of sequence returns, whitened over every real token
     of the batch (the global normalisation that replaces a critic). (B, R), 0 on padding."""
-    from quartet.algo.stats import masked_whiten
 
     return masked_whiten(reinforce_pp_returns(rewards, mask, gamma, group_size), mask) * mask
 

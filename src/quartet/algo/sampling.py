@@ -34,3 +34,16 @@ def _first_above(cdf: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     index = torch.searchsorted(cdf, target.unsqueeze(1), right=True).squeeze(1)
     last = (cdf < cdf[:, -1:]).sum(-1)  # the entry where the row reaches its total
     return torch.minimum(index, last)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(b, V) probabilities -> float64 weights for `inverse_cdf`: only the smallest set of most likely tokens whose
+    mass reaches `top_p` keeps its probability (Holtzman et al. 2020), every other token 0; not renormalised
+    (`inverse_cdf` draws in proportion). Taken on the probabilities in float64, where transformers' TopPLogitsWarper
+    cuts the logits by a float32 cumulative sum: a token at the edge of the nucleus can fall on either side of
+    the two cuts, so the two draw the same tokens except there."""
+    probs = probs.double()
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    # keep a token if the mass before it is still short of top_p (the most likely is always kept)
+    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    return probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))

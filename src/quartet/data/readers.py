@@ -34,6 +34,7 @@ from pathlib import Path
 from quartet import handles
 from quartet.config import DataConfig
 from quartet.errors import DataError
+from quartet.tasks import get_task
 
 EXTENSIONS = (".jsonl", ".json", ".csv", ".parquet")
 MAX_JSON_DEPTH = 64
@@ -62,8 +63,9 @@ def read_rows(path: str) -> list[dict]:
 def read_table(path: str | os.PathLike, max_line_mb: float = DataConfig.max_line_mb) -> Table:
     """Read ``path`` into a :class:`Table`; errors name ``path`` (or the ``task:`` spec) and the row.
 
-    The one reader of user data files: every stage's data (through `quartet.data.schemas`) and the tasks' files
-    come through here, so the limits in the module docstring hold for all of them."""
+    The one reader of user data files: every stage's data (through `quartet.data.schemas`), a ``task:`` path
+    included, comes through here, so the limits in the module docstring hold for all of them. (`Task.rows` reads
+    its own shipped files, which are package data, not user input.)"""
     source = str(path)
     if handles.is_handle(source):
         return _read_memory(source)
@@ -108,8 +110,6 @@ def check_data_path(path: str | os.PathLike) -> None:
 
 
 def _task_file(spec: str) -> Path:
-    from quartet.tasks import get_task  # the tasks package reads its files through this module
-
     name, _, split = spec[len("task:") :].partition("/")
     return get_task(name).split_path(split or "train")
 

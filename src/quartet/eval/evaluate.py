@@ -21,15 +21,17 @@ relevance, kl, kl_full, length; plain numbers for eos_rate, distinct_1, distinct
 and against the baseline, judged by gold when there is a judge, else by rm: win_rate (ties count half) and
 score_diff (paired-bootstrap CI of the mean score difference).
 
-Sampling. Sample j of prompt i is drawn by inverse-CDF from uniforms of its own generator, seeded with
-``sample_seed(seed, i, j)``: it depends on the model, the prompt and that seed only, not on batching or on
-which other prompts and checkpoints run, so two checkpoints see the same random numbers (a paired
-comparison) and a sample from ``samples.jsonl`` is replayed by :func:`sample_responses` on its prompt alone.
-``engine: vllm`` samples with vLLM instead (quartet.rollout.vllm_engine, an optional extra): one engine is
-started from the first checkpoint and each next checkpoint's weights are reloaded into it, so the checkpoints
-must share one architecture; vLLM draws sample j of prompt i from its own generator seeded with the same
-``sample_seed(seed, i, j)`` (its own sampler, so its responses are not the hf engine's, but every checkpoint
-still sees the same seeds), and a sample is replayed by the same vLLM version on its prompt with that seed.
+Sampling. Every response is sampled by a generation engine (quartet.rollout.engine), the one PPO samples
+with. Sample j of prompt i is drawn by inverse-CDF from uniforms of its own generator, seeded with
+``sample_seed(seed, i, j, stream="eval")`` (quartet.rollout.sampling): it depends on the model, the prompt and
+that seed only, not on batching or on which other prompts and checkpoints run, so two checkpoints see the same
+random numbers (a paired comparison) and a sample from ``samples.jsonl`` is replayed on its prompt alone with
+its seed (:class:`Sampler`). ``engine: vllm`` samples with vLLM instead (quartet.rollout.vllm_engine, an
+optional extra): one engine is started from the first checkpoint and each next checkpoint's weights are
+reloaded into it, so the checkpoints must share one architecture; vLLM draws sample j of prompt i from its own
+generator seeded with the same seed (its own sampler, so its responses are not the hf engine's, but every
+checkpoint still sees the same seeds), and a sample is replayed by the same vLLM version on its prompt with
+that seed.
 KL, scores and everything after sampling are computed the same way for both engines.
 Re-running gives bit-identical numbers with the same torch version and thread count (both are recorded in
 the settings): another thread count changes float reduction order, which can flip a sampled token.
@@ -39,16 +41,17 @@ it natively (a GPU, or a CPU with AVX512-BF16/AMX: several times faster than fp3
 elsewhere (without those instructions bf16 matmuls are emulated, 3-4x slower than fp32); the dtype used
 is recorded in the settings.
 
-KL. Both log-probs are teacher-forced float32 forwards over the sampled tokens, with logits divided by the
-same temperature used for sampling (1 when greedy), so kl measures the distributions the samples came from;
-top-p truncation is not applied to them. KL needs the reference to share the checkpoint's tokenizer;
-otherwise it is reported as null with a warning.
+KL. Both log-probs are teacher-forced forwards over the sampled tokens (quartet.rollout.forward, the forward
+PPO's log-probs come from), taken in float32 with logits divided by the same temperature used for sampling (1
+when greedy), so kl measures the distributions the samples came from; top-p truncation is not applied to them.
+KL needs the reference to share the checkpoint's tokenizer; otherwise it is reported as null with a warning.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
+import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -58,17 +61,27 @@ from pathlib import Path
 
 import torch
 
-from quartet.algo import gather_logprobs, inverse_cdf
+from quartet.algo import gather_logprobs
 from quartet.atomic import atomic_write_text
-from quartet.config import DataConfig, _non_negative, _number, _positive, _seed
+from quartet.config import DataConfig, EvalConfig, GenerationConfig
+from quartet.data import encode_prompts, left_pad, load_prompts, prompt_text, render_conversation
 from quartet.errors import ConfigError
 from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
 from quartet.judges.bounded import JUDGE_TIMEOUT
-from quartet.models.loading import cache_kwarg, output_cache
+from quartet.models import load_causal_lm, load_reward_model, resolve_model
+from quartet.models.loading import check_context
+from quartet.models.names import MINILM_PACKAGE
 from quartet.models.packed import pack_linears
+from quartet.models.precision import generation_dtype
 from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, staged_output
+from quartet.rollout.engine import HFEngine, make_engine
+from quartet.rollout.forward import response_logits
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
+from quartet.rollout.rewards import load_reward_fn
+from quartet.rollout.sampling import EVAL_STREAM, sample_seed
+from quartet.rollout.weights import base_config
+from quartet.tasks import get_task
 
 log = logging.getLogger("quartet")
 
@@ -80,72 +93,14 @@ TIE_EPS = 1e-9
 """two scores closer than this are a tie (half a win)"""
 
 
-@dataclass
-class EvalSettings:
-    prompts: str = "task:positive-review/eval"
-    """prompt set: any prompt file or `task:<name>/<split>`"""
-    num_prompts: int | None = None
-    """use the first N prompts"""
-    gold: str | None = None
-    """gold reward function spec; default: the task's judge for task prompts"""
-    reward_model: str | None = None
-    """reward model for the rm score"""
-    relevance: str | None = "auto"
-    """on-task judge spec for the relevance score; "auto": the task's `relevance` judge, else judge:relevance
-    when the MiniLM package is installed; None: not measured"""
-    reference: str | None = None
-    """model the KL is measured against; default: the baseline"""
-    baseline: str | None = None
-    """checkpoint the others are compared with; default: the first"""
-    max_new_tokens: int = 48
-    temperature: float = 0.7
-    """sampling temperature; 0 = greedy"""
-    top_p: float = 1.0
-    seed: int = 0
-    samples_per_prompt: int = 1
-    max_prompt_tokens: int = 256
-    """longer prompts keep their last tokens"""
-    batch_size: int = 16
-    """prompts per sampling batch (results do not depend on it)"""
-    sample_dtype: str = "auto"
-    """"auto", "bf16" or "fp32" weights for sampling (auto: bf16 where the hardware has it); log-probs are
-    always float32"""
-    engine: str = "hf"
-    """what samples the responses: "hf" (the exact inverse-CDF sampler here) or "vllm" (the vLLM extra, one
-    engine for all checkpoints, their weights reloaded into it)"""
-    judge_timeout: float | None = JUDGE_TIMEOUT
-    """seconds one call of a user's `module:function` judge (gold, relevance) may take before eval stops with an
-    error naming it; None = no bound, the function called on the main thread (quartet.judges.bounded)"""
-
-    def validate(self) -> None:
-        # the config module's checks: a NaN or an infinity fails them too (`nan < 0` is False)
-        if self.num_prompts is not None:
-            _positive(self.num_prompts, "num_prompts")
-        for name in ("max_new_tokens", "samples_per_prompt", "max_prompt_tokens", "batch_size"):
-            _positive(getattr(self, name), name)
-        _non_negative(self.temperature, "temperature")  # 0 = greedy
-        _seed(self.seed, "seed")
-        _number(self.top_p, "top_p")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
-        if self.sample_dtype not in (*DTYPES, "auto"):
-            raise ConfigError(f"sample_dtype: must be one of auto, {', '.join(DTYPES)}, got {self.sample_dtype!r}")
-        if self.engine not in ENGINES:
-            raise ConfigError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.judge_timeout is not None:
-            _positive(self.judge_timeout, "judge_timeout")
-
-
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-ENGINES = ("hf", "vllm")
+"""the torch dtype of each `EvalConfig.sample_dtype`"""
 
 
 def resolve_sample_dtype(name: str) -> str:
     """"auto" -> "bf16" where the hardware computes bf16 natively, else "fp32"; other names unchanged."""
     if name != "auto":
         return name
-    from quartet.trainers.loop import generation_dtype
-
     return "bf16" if generation_dtype("auto") == torch.bfloat16 else "fp32"
 
 
@@ -172,42 +127,16 @@ class EvalResult:
 
 
 # --------------------------------------------------------------------------- entry points
-def evaluate(
-    checkpoints: list[str],
-    *,
-    prompts: str = "task:positive-review/eval",
-    num_prompts: int | None = None,
-    gold: str | None = None,
-    reward_model: str | None = None,
-    reference: str | None = None,
-    baseline: str | None = None,
-    max_new_tokens: int = 48,
-    temperature: float = 0.7,
-    top_p: float = 1.0,
-    seed: int = 0,
-    samples_per_prompt: int = 1,
-    out: str | Path | None = None,
-    max_prompt_tokens: int = 256,
-    batch_size: int = 16,
-    sample_dtype: str = "auto",
-    overwrite: bool = False,
-    relevance: str | None = "auto",
-    engine: str = "hf",
-    judge_timeout: float | None = JUDGE_TIMEOUT,
-) -> EvalResult:
-    """Evaluate `checkpoints` (any name `load_causal_lm` accepts); see the module docstring and
-    :class:`EvalSettings` for the arguments. The result is keyed by checkpoint name (a name given
-    twice gets `#2`); a baseline that is not among `checkpoints` is evaluated too.
+def evaluate(checkpoints: list[str], *, out: str | Path | None = None, overwrite: bool = False,
+             **settings) -> EvalResult:
+    """Evaluate `checkpoints` (any name `load_causal_lm` accepts); `settings` are the fields of
+    :class:`quartet.config.EvalConfig` (see the module docstring). The result is keyed by checkpoint name (a name
+    given twice gets `#2`); a baseline that is not among `checkpoints` is evaluated too.
 
     With `out`, writes `<out>/samples.jsonl` then `<out>/eval.json`, each atomically, and only after
     everything succeeded: a bad name or a failing judge leaves no output behind.
     """
-    s = EvalSettings(
-        prompts=prompts, num_prompts=num_prompts, gold=gold, reward_model=reward_model, reference=reference,
-        baseline=baseline, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-        samples_per_prompt=samples_per_prompt, max_prompt_tokens=max_prompt_tokens, batch_size=batch_size,
-        sample_dtype=sample_dtype, relevance=relevance, engine=engine, judge_timeout=judge_timeout,
-    )  # fmt: skip
+    s = EvalConfig(**settings)
     s.validate()
     if not checkpoints:
         raise ConfigError("eval: give at least one checkpoint")
@@ -221,14 +150,9 @@ def evaluate(
     s.sample_dtype = resolve_sample_dtype(s.sample_dtype)  # the settings record the dtype actually used
     baseline_name = names[checkpoints.index(s.baseline)] if s.baseline in checkpoints else s.baseline
 
-    from quartet.data import load_prompts
-    from quartet.models import resolve_model
-
     for name in dict.fromkeys([*checkpoints, s.baseline, s.reference]):
         resolve_model(name)  # a bad name fails here, before minutes of sampling
     if s.engine == "vllm":
-        import importlib.util
-
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("eval: --engine vllm needs the vllm package; on a GPU `pip install 'quartet[vllm]'`, "
                               "on a CPU `make vllm` and run from .venv-vllm")
@@ -248,7 +172,7 @@ def evaluate(
     if s.baseline not in checkpoints:
         to_run.insert(0, (baseline_name, s.baseline))
     timing = {"load_reference": time.perf_counter() - t0}
-    sampler = VLLMSampler(s) if s.engine == "vllm" else None
+    sampler = Sampler(s)
     for name, path in to_run:
         t0 = time.perf_counter()
         model, tok = models_by_path.get(path) or _load(path)
@@ -308,132 +232,62 @@ def cli(args) -> int:
 
 
 # --------------------------------------------------------------------------- sampling
-def sample_seed(seed: int, prompt_index: int, sample_index: int) -> int:
-    """The seed of one sample: a hash, so nearby (seed, i, j) give unrelated random streams."""
-    digest = hashlib.blake2b(f"quartet-eval/{seed}/{prompt_index}/{sample_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
+class Sampler:
+    """Each checkpoint's responses, drawn by a generation engine with the eval's settings and seeds.
 
+    hf: an `HFEngine` per checkpoint that samples it as it is (`share_weights` in the checkpoint's own dtype): in
+    fp32 the loaded model itself; otherwise a copy cast by `.to`, its linears laid out once (models/packed.py).
+    That copy and not the engine's own (`HFEngine._private_copy`, built from the config): `.to` also rounds the
+    rotary frequencies to bf16, where the engine's copy keeps them in float32, and eval's samples have always
+    come from the former. The nucleus is cut in float64 (`float64_top_p`), as eval has always drawn it.
 
-@torch.no_grad()
-def sample_responses(
-    model,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    seeds: list[int],
-    *,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    eos_id: int,
-    pad_id: int,
-    batch_size: int = 16,
-) -> torch.Tensor:
-    """Sample one response per left-padded prompt row; (B, P) -> response ids (B, R), pad after EOS.
+    vllm: one engine for every checkpoint, started from the first and given each next one's weights by `sync` (a
+    reload in memory, ~0.3 s, against ~40 s to start another engine)."""
 
-    Token t of row b is the inverse-CDF pick of uniform u[b, t] drawn from `torch.Generator(seeds[b])`,
-    so a row's response does not depend on the other rows it is batched with.
-    """
-    uniforms = torch.stack(
-        [torch.rand(max_new_tokens, generator=torch.Generator().manual_seed(sd), dtype=torch.float64) for sd in seeds]
-    )
-    chunks = []
-    for start in range(0, prompt_ids.shape[0], batch_size):
-        sl = slice(start, start + batch_size)
-        chunks.append(
-            _decode(model, prompt_ids[sl], prompt_mask[sl], uniforms[sl], temperature, top_p, eos_id, pad_id)
-        )
-    return torch.cat(chunks)
-
-
-def _decode(model, ids, mask, uniforms, temperature, top_p, eos_id, pad_id) -> torch.Tensor:
-    """KV-cached decoding loop; (b, P) -> (b, max_new_tokens), padded after each row's EOS. A row leaves the
-    batch (and the cache) at its EOS, so the rows still going do not carry the finished ones; row i's token t
-    is always the pick of uniforms[i, t], whoever it is batched with."""
-    positions = position_ids_from_mask(mask)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    next_pos = positions[:, -1:] + 1
-    rows = torch.arange(ids.shape[0])  # the output row of each row still in the batch
-    tokens = torch.full((ids.shape[0], uniforms.shape[1]), pad_id, dtype=torch.long)
-    for t in range(uniforms.shape[1]):
-        token = pick_tokens(out.logits[:, -1], uniforms[rows, t], temperature, top_p)
-        tokens[rows, t] = token
-        going = token != eos_id
-        if not bool(going.any()) or t == uniforms.shape[1] - 1:
-            break
-        cache = output_cache(out)
-        if not bool(going.all()):
-            keep = going.nonzero().squeeze(1)
-            cache.batch_select_indices(keep)
-            rows, mask, next_pos, token = rows[keep], mask[keep], next_pos[keep], token[keep]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        out = model(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, **{cache_kwarg(model): cache},
-            use_cache=True,
-        )  # fmt: skip
-        next_pos = next_pos + 1
-    return tokens
-
-
-def pick_tokens(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """(b, V) logits, (b,) uniforms in [0, 1) -> (b,) tokens: the inverse CDF of softmax(logits / T).
-
-    temperature 0 is greedy. With top_p < 1 only the smallest set of most likely tokens whose mass
-    reaches top_p can be drawn (Holtzman et al. 2020).
-    """
-    logits = logits.float()
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
-        probs = probs.double()
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        # keep a token if the mass before it is still short of top_p (the most likely is always kept)
-        drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
-        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-    # the first token whose cumulative mass exceeds u * total (zero-mass tokens are never picked)
-    return inverse_cdf(probs, u)
-
-
-class VLLMSampler:
-    """`engine: vllm`: one vLLM engine for every checkpoint of an eval, started from the first and given each
-    next one's weights by `sync` (a reload in memory, ~0.3 s, against ~40 s to start another engine)."""
-
-    def __init__(self, s: EvalSettings):
-        from quartet.config import GenerationConfig
-
+    def __init__(self, s: EvalConfig):
         self.s = s
-        # temperature 0 (greedy) is asked per call; top_k off: the full softmax, as the hf sampler here
+        # temperature 0 (greedy) is asked per call; top_k off: the full softmax
         self.cfg = GenerationConfig(max_new_tokens=s.max_new_tokens, temperature=s.temperature or 1.0,
-                                    top_p=s.top_p, top_k=0, engine="vllm")
-        self.engine = None
-        self.first: tuple[str, dict] | None = None  # (checkpoint, architecture) the engine was started with
+                                    top_p=s.top_p, top_k=0, batch_size=s.batch_size, engine=s.engine)
+        self.vllm = None
+        self.first: tuple[str, dict] | None = None  # (checkpoint, architecture) the vLLM engine was started with
 
-    def sample(self, model, tok, prompt_ids, prompt_mask, seeds: list[int], path: str) -> torch.Tensor:
-        """Response ids (B, R) for left-padded prompt rows, row b drawn with seed seeds[b]; pad after EOS."""
+    def sample(self, model, tok, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: list[int],
+               path: str = "") -> torch.Tensor:
+        """Response ids (B, R) for left-padded prompt rows, row b drawn with seed seeds[b]; pad after EOS.
+        hf: R is max_new_tokens, the width KL has always been summed over (a float sum's order follows it)."""
+        greedy = self.s.temperature == 0
+        if self.s.engine == "vllm":
+            engine = self._vllm(model, tok, path)
+            return engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds).response_ids
+        sampling = model
+        if self.s.sample_dtype != "fp32":  # a low-precision copy that only samples: its linears laid out once
+            sampling = copy.deepcopy(model).to(DTYPES[self.s.sample_dtype])
+            pack_linears(sampling, rows=self.s.batch_size)
+        engine = HFEngine(sampling, tok, self.cfg, DTYPES[self.s.sample_dtype], share_weights=True,
+                          float64_top_p=True)
+        ids = engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds).response_ids
+        return torch.nn.functional.pad(ids, (0, self.s.max_new_tokens - ids.shape[1]), value=tok.pad_token_id)
+
+    def _vllm(self, model, tok, path: str):
         arch = _architecture(model)
-        if self.engine is None:
-            from quartet.rollout.engine import make_engine
-
-            self.engine = make_engine(model, tok, self.cfg, DTYPES[self.s.sample_dtype])
+        if self.vllm is None:
+            self.vllm = make_engine(model, tok, self.cfg, DTYPES[self.s.sample_dtype])
             self.first = (path, arch)
-        else:
-            if arch != self.first[1]:
-                diff = sorted(k for k in arch.keys() | self.first[1].keys() if arch.get(k) != self.first[1].get(k))
-                raise ConfigError(
-                    f"eval: --engine vllm samples every checkpoint with one engine, so they must share one "
-                    f"architecture: '{path}' differs from '{self.first[0]}' in {', '.join(diff[:5])}; evaluate "
-                    f"them in separate runs or with --engine hf"
-                )
-            self.engine.tokenizer = tok
-            self.engine.sync(model)
-        ro = self.engine.generate(prompt_ids, prompt_mask, greedy=self.s.temperature == 0, seeds=seeds)
-        return ro.response_ids
+            return self.vllm
+        if arch != self.first[1]:
+            diff = sorted(k for k in arch.keys() | self.first[1].keys() if arch.get(k) != self.first[1].get(k))
+            raise ConfigError(
+                f"eval: --engine vllm samples every checkpoint with one engine, so they must share one "
+                f"architecture: '{path}' differs from '{self.first[0]}' in {', '.join(diff[:5])}; evaluate "
+                f"them in separate runs or with --engine hf"
+            )
+        self.vllm.sync(model, tokenizer=tok)
+        return self.vllm
 
 
 def _architecture(model) -> dict:
     """The config entries that decide whether one model's weights load into another's engine."""
-    from quartet.rollout.engine import base_config
-
     ignore = {"_name_or_path", "name_or_path", "torch_dtype", "dtype", "tie_word_embeddings", "transformers_version",
               "architectures", "use_cache", "pad_token_id", "bos_token_id", "eos_token_id"}
     return {k: v for k, v in base_config(model).to_dict().items() if k not in ignore}
@@ -451,7 +305,7 @@ def sequence_logprobs(
     temperature: float,
     batch_size: int = 8,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Teacher-forced float32 log-probs of the response tokens under both models.
+    """Teacher-forced float32 log-probs of the response tokens under both models (`rollout.forward`'s forward).
 
     Logits are divided by `temperature` (1 when it is 0), as when sampling. Returns (B, R) each:
     logprobs, ref_logprobs, and the full-vocabulary KL(model || ref) at every response position.
@@ -464,15 +318,15 @@ def sequence_logprobs(
     # output, computed once, feeds both tops (the full forwards' logits bit for bit, as `Trunk` checks)
     trunks = Trunk.shared(model, ref_model) if ref_model is not model else None
     for rows, mb in ro.by_length(batch_size):  # each chunk cut to its longest row: forwards cost the tokens sampled
-        ids, mask, r = mb.input_ids, mb.attention_mask, mb.response_ids.shape[1]
-        positions = position_ids_from_mask(mask)
+        r = mb.response_ids.shape[1]
         if trunks is not None:
-            states = trunks[0].states(ids, mask, positions)
-            logits = _response_logits(model, ids, mask, positions, r, trunks[0], states) / temp
-            ref_logits = _response_logits(ref_model, ids, mask, positions, r, trunks[1], states) / temp
+            mask = mb.attention_mask
+            mb = dataclasses.replace(mb, trunk=trunks[0].states(mb.input_ids, mask, position_ids_from_mask(mask)))
+            logits = response_logits(model, mb, trunk=trunks[0])[0].float() / temp
+            ref_logits = response_logits(ref_model, mb, trunk=trunks[1])[0].float() / temp
         else:
-            logits = _response_logits(model, ids, mask, positions, r) / temp
-            ref_logits = logits if ref_model is model else _response_logits(ref_model, ids, mask, positions, r) / temp
+            logits = response_logits(model, mb)[0].float() / temp
+            ref_logits = logits if ref_model is model else response_logits(ref_model, mb)[0].float() / temp
         logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
         out[0, rows, :r] = gather_logprobs(logits, mb.response_ids)
         out[1, rows, :r] = gather_logprobs(ref_logits, mb.response_ids)
@@ -481,43 +335,16 @@ def sequence_logprobs(
     return out[0] * mask, out[1] * mask, out[2] * mask
 
 
-def _response_logits(model, input_ids, attention_mask, positions, R: int, trunk: Trunk | None = None,
-                     states: torch.Tensor | None = None) -> torch.Tensor:
-    """(b, T) -> float32 logits that predict the R response tokens, (b, R, V); with a `trunk`, only the layers
-    above it run, on its `states`."""
-    if trunk is None:
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=R + 1)
-    else:
-        with trunk.top():
-            out = model(inputs_embeds=states, attention_mask=attention_mask, position_ids=positions,
-                        logits_to_keep=R + 1)
-    return out.logits[:, :-1].float()
-
-
 # --------------------------------------------------------------------------- one checkpoint
-def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings, vllm_sampler=None,
+def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalConfig, sampler: Sampler,
                     path: str = "") -> dict:
-    from quartet.data import encode_prompts, left_pad
-
     enc = encode_prompts(tok, prompt_list, s.max_prompt_tokens, "left", True)
     k = s.samples_per_prompt
     rows = [(i, j) for i in range(len(prompt_list)) for j in range(k)]
     seqs = [list(enc.input_ids[i]) for i, _ in rows]
     prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
-    seeds = [sample_seed(s.seed, i, j) for i, j in rows]
-
-    if vllm_sampler is not None:
-        response_ids = vllm_sampler.sample(model, tok, prompt_ids, prompt_mask, seeds, path)
-    else:
-        sampler = model
-        if s.sample_dtype != "fp32":  # a low-precision copy that only samples: its linears laid out once
-            sampler = copy.deepcopy(model).to(DTYPES[s.sample_dtype])
-            pack_linears(sampler, rows=s.batch_size)
-        response_ids = sample_responses(
-            sampler, prompt_ids, prompt_mask, seeds, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-            top_p=s.top_p, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, batch_size=s.batch_size,
-        )  # fmt: skip
-        del sampler
+    seeds = [sample_seed(s.seed, i, j, stream=EVAL_STREAM) for i, j in rows]
+    response_ids = sampler.sample(model, tok, prompt_ids, prompt_mask, seeds, path)
     response_mask, eos = response_mask_from_ids(response_ids, tok.eos_token_id)
     lengths = response_mask.sum(dim=1)
     responses = [
@@ -548,8 +375,6 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalSettings
 
 
 def _score(run: dict, prompt_list, gold_fn, rm, relevance_fn=None) -> None:
-    from quartet.data import prompt_text
-
     prompts = [prompt_list[i] for i, _ in run["rows"]]
     run["gold"] = run["rm"] = run["relevance"] = None
     if gold_fn is not None:
@@ -558,8 +383,6 @@ def _score(run: dict, prompt_list, gold_fn, rm, relevance_fn=None) -> None:
         texts = [prompt_text(p) for p in prompts]
         run["relevance"] = _checked_scores(relevance_fn(texts, run["responses"]), "relevance judge", run)
     if rm is not None:
-        from quartet.data import render_conversation
-
         texts = [render_conversation(rm.tokenizer, p, r) for p, r in zip(prompts, run["responses"])]
         run["rm"] = _checked_scores(rm.score_texts(texts, batch_size=16), "reward model", run)
 
@@ -575,7 +398,7 @@ def _checked_scores(scores, what: str, run: dict) -> list[float]:
 
 
 # --------------------------------------------------------------------------- summary
-def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalSettings) -> EvalResult:
+def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalConfig) -> EvalResult:
     judge = "gold" if s.gold else "rm" if s.reward_model else None
     k = s.samples_per_prompt
     checkpoints = {}
@@ -695,22 +518,16 @@ def _one_line(text) -> str:
 
 # --------------------------------------------------------------------------- loading
 def _load(name: str):
-    from quartet.models import load_causal_lm
-
     model, tok = load_causal_lm(name, dtype=torch.float32)
     model.eval().requires_grad_(False)
     return model, tok
 
 
 def _load_gold(spec: str, timeout: float | None):
-    from quartet.judges import load_reward_fn
-
     return load_reward_fn(spec, timeout)
 
 
 def _load_rm(name: str):
-    from quartet.models import load_reward_model
-
     rm = load_reward_model(name, dtype=torch.float32, trained=True)
     rm.eval().requires_grad_(False)
     return rm
@@ -719,15 +536,9 @@ def _load_rm(name: str):
 def _relevance_judge(prompts: str) -> str | None:
     """The "auto" relevance judge: the task's own (`task:<name>/relevance`), else MiniLM's when installed."""
     if prompts.startswith("task:"):
-        from quartet.tasks import get_task
-
         name = prompts[len("task:") :].split("/")[0]
         if "relevance" in get_task(name).judges:
             return f"task:{name}/relevance"
-    import importlib.util
-
-    from quartet.models.loading import MINILM_PACKAGE
-
     if importlib.util.find_spec(MINILM_PACKAGE) is None:
         log.warning("eval: relevance not measured (pip install 'quartet[minilm]' for judge:relevance)")
         return None
@@ -746,10 +557,7 @@ def _task_judge(prompts: str) -> str | None:
     return None
 
 
-def _check_fits(model, tok, prompt_list, s: EvalSettings, where: str) -> None:
-    from quartet.data import encode_prompts
-    from quartet.models.loading import check_context
-
+def _check_fits(model, tok, prompt_list, s: EvalConfig, where: str) -> None:
     ids = encode_prompts(tok, prompt_list, s.max_prompt_tokens, "left", True).input_ids
     check_context(model, ids, s.max_new_tokens, where, "lower --max-new-tokens or use shorter prompts")
 

@@ -27,10 +27,8 @@ from collections.abc import Callable
 
 import torch
 
+from quartet.config import JUDGE_TIMEOUT  # the configs' `judge_timeout` default, the callers' too
 from quartet.errors import ConfigError
-
-JUDGE_TIMEOUT = 600.0
-"""seconds one call of a user's reward or judge callable may take (the configs' `judge_timeout` default)"""
 
 
 class JudgeTimeout(ConfigError):

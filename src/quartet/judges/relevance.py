@@ -62,7 +62,9 @@ class SentenceEncoder:
 @functools.cache
 def minilm_encoder() -> SentenceEncoder:
     """The all-MiniLM-L6-v2 encoder from its package, loaded once per process."""
-    from quartet.models.loading import MINILM, resolve_model
+    # here, not at the top: importing quartet.models loads transformers (seconds), which every import of judges,
+    # tasks and data would then pay (`quartet tasks` runs without it) though only this encoder needs it
+    from quartet.models.names import MINILM, resolve_model
 
     try:
         source = resolve_model(MINILM)

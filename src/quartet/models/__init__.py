@@ -16,10 +16,9 @@ from quartet.models.critic import (
     save_critic,
     save_value_head,
 )
+from quartet.models.gguf import clear_model_cache, strip_quantization
 from quartet.models.heads import ScalarHead, value_head_for
 from quartet.models.loading import (
-    ModelSource,
-    clear_model_cache,
     contiguous_head_input,
     count_parameters,
     disable_dropout,
@@ -28,11 +27,10 @@ from quartet.models.loading import (
     load_causal_lm,
     load_tokenizer,
     precast_linears,
-    resolve_model,
     save_model,
-    strip_quantization,
 )
 from quartet.models.lora import adapter_disabled, apply_lora, is_peft_model, merged_copy, precast_lora_base
+from quartet.models.names import ModelSource, resolve_model
 from quartet.models.reference import Reference, make_reference
 from quartet.models.reward import RewardModel, load_reward_model, save_reward_model
 from quartet.models.tiny import build_tiny

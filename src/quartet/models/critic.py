@@ -12,26 +12,27 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save, save_file
 from torch import nn
 
-from quartet.atomic import atomic_dir
+from quartet.algo.positions import position_ids_from_mask
+from quartet.atomic import atomic_dir, atomic_write_bytes
 from quartet.errors import ModelError
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.heads import ScalarHead
 from quartet.models.loading import (
     _auto_tokenizer,
-    _first_line,
     base_model_of,
     check_finite_weights,
     disable_dropout,
     hidden_size,
     load_causal_lm,
-    resolve_model,
     save_pretrained_clean,
     set_tokenizer_sides,
 )
 from quartet.models.lora import merged_copy
+from quartet.models.names import _first_line, resolve_model
+from quartet.models.prefix import forward_shared_prefix
 from quartet.models.reward import REWARD_META, load_reward_model, score_layer
 
 CRITIC_META = "quartet_critic.json"
@@ -61,11 +62,9 @@ class Critic(nn.Module):
         `shared_prefix`: (n, each row's left pads): the n tokens every row starts with run once (models/prefix.py),
         and the values are (B, T - n), those of the other columns."""
         if position_ids is None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            position_ids = position_ids_from_mask(attention_mask)
         inputs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         if shared_prefix is not None:
-            from quartet.models.prefix import forward_shared_prefix
-
             out = forward_shared_prefix(self.backbone, *shared_prefix, **inputs)
         else:
             out = self.backbone(**inputs, use_cache=False)
@@ -147,9 +146,5 @@ def load_critic(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> 
 
 def save_value_head(head: ScalarHead, path: str | os.PathLike) -> Path:
     """A shared critic's value head (it reads the actor's hidden states) as one safetensors file."""
-    from safetensors.torch import save
-
-    from quartet.atomic import atomic_write_bytes
-
     check_finite_weights(head.state_dict().items(), str(path))
     return atomic_write_bytes(path, save({k: v.detach().contiguous() for k, v in head.state_dict().items()}))

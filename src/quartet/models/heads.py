@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from quartet.models.loading import hidden_size
+
 
 class ScalarHead(nn.Module):
     """Linear H -> 1, squeezed: (..., H) -> (...).
@@ -39,6 +41,4 @@ class ScalarHead(nn.Module):
 def value_head_for(actor: nn.Module) -> ScalarHead:
     """A fresh value head sized for ``actor`` (the shared-critic case: values from the actor's hidden
     states), starting at zero (see ScalarHead)."""
-    from quartet.models.loading import hidden_size
-
     return ScalarHead(hidden_size(actor), init="zero")

@@ -31,6 +31,7 @@ import logging
 import torch
 from torch import nn
 
+from quartet.algo.positions import position_ids_from_mask
 from quartet.models.loading import cache_kwarg, output_cache
 
 log = logging.getLogger(__name__)
@@ -155,8 +156,6 @@ def probe(model: nn.Module, read=None, trunk=None, autocast_dtype: torch.dtype |
     top is what then runs on its states; `autocast_dtype`: the autocast its forwards run under (weights held in
     that dtype need it); `training`: in training mode with gradients on, as the update runs (where activation
     checkpointing's wrapper decides what a layer is given)."""
-    from quartet.rollout.record import position_ids_from_mask
-
     read = read or (lambda out: out.logits)
     weight = next(model.parameters())
     g = torch.Generator().manual_seed(0)

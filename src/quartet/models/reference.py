@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from quartet.errors import ModelError
-from quartet.models.loading import base_model_of, disable_dropout, load_causal_lm, resolve_model
+from quartet.models.loading import base_model_of, disable_dropout, load_causal_lm
 from quartet.models.lora import adapter_disabled, is_peft_model
+from quartet.models.names import resolve_model
 
 
 class Reference:

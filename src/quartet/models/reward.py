@@ -31,12 +31,7 @@ from quartet.errors import ModelError
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import (
     CONFIG_ERRORS,
-    MINILM,
-    MINILM_PACKAGE,
-    MINILM_SUBDIR,
     _auto_tokenizer,
-    _first_line,
-    _package_dir,
     base_model_of,
     check_finite_weights,
     context_length,
@@ -45,12 +40,19 @@ from quartet.models.loading import (
     is_causal_model_type,
     load_causal_lm,
     no_init,
-    read_config_json,
-    resolve_model,
     save_pretrained_clean,
     set_tokenizer_sides,
 )
 from quartet.models.lora import merged_copy
+from quartet.models.names import (
+    MINILM,
+    MINILM_PACKAGE,
+    MINILM_SUBDIR,
+    _first_line,
+    _package_dir,
+    read_config_json,
+    resolve_model,
+)
 
 REWARD_META = "quartet_reward.json"
 

@@ -23,6 +23,8 @@ import logging
 import torch
 from torch import nn
 
+from quartet.algo.positions import position_ids_from_mask
+
 log = logging.getLogger(__name__)
 
 
@@ -141,8 +143,6 @@ class Trunk:
     def _probe(self, autocast_dtype: torch.dtype | None, states_from: Trunk | None = None) -> bool:
         """Whether the top, on the trunk's states (or those of `states_from`, another model's trunk), gives the
         full forward's logits bit for bit, on a small left-padded batch."""
-        from quartet.rollout.record import position_ids_from_mask
-
         model = self.model
         weight = next(model.parameters())
         g = torch.Generator().manual_seed(0)

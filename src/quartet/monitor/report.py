@@ -21,8 +21,9 @@ from pathlib import Path
 
 from quartet.atomic import atomic_dir, atomic_write_text
 from quartet.errors import DataError
-from quartet.monitor.doctor import Finding, diagnose, kl_target_from_config
+from quartet.monitor.doctor import diagnose, kl_target_from_config
 from quartet.monitor.metrics import read_metrics, stage_dirs
+from quartet.monitor.rules import Finding
 
 MAX_SAMPLES = 8
 

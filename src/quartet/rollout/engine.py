@@ -10,19 +10,20 @@ no copy between rollouts.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Protocol
 
 import torch
 import transformers
 
 from quartet.algo.logprobs import logprobs_and_entropy
-from quartet.algo.sampling import inverse_cdf
+from quartet.algo.sampling import inverse_cdf, nucleus
+from quartet.errors import ConfigError
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import cache_kwarg, contiguous_head_input, no_init, output_cache
-from quartet.models.lora import full_weight
 from quartet.models.packed import pack_linears, tie_output
-from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
+from quartet.rollout.record import Rollout, position_ids_from_mask
+from quartet.rollout.sampling import make_rollout, row_seeds
+from quartet.rollout.weights import base_config, merged_state_dict
 
 
 class GenerationEngine(Protocol):
@@ -41,67 +42,6 @@ class GenerationEngine(Protocol):
         `greedy`: the most likely response instead (ReMax's baseline)."""
 
 
-def merged_state_dict(actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """The actor's weights as a plain (non-peft) state dict, LoRA deltas folded into their base layers.
-
-    `state`: the actor's full weights keyed as `actor.state_dict()`, gathered from a sharded model (whose own
-    tensors are shards); the merge then reads the adapter matrices from it (plain LoRA on linear layers)."""
-    try:
-        from peft import PeftModel
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # peft is a dependency, but keep plain models working without it
-        PeftModel = LoraLayer = ()  # noqa: N806
-    if not isinstance(actor, PeftModel):
-        return {k: v.detach() for k, v in (actor.state_dict() if state is None else state).items()}
-    base = actor.get_base_model()
-    prefix = "base_model.model."  # a PeftModel's keys are its base model's under this prefix
-    base_state = base.state_dict() if state is None else {k.removeprefix(prefix): v for k, v in state.items()}
-    merged: dict[str, torch.Tensor] = {}
-    lora_layers = {_unwrapped_name(name): m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
-    for key, value in base_state.items():
-        if "lora_" in key:
-            continue
-        clean = key.replace(".base_layer.", ".")
-        merged[clean] = value.detach()
-    with torch.no_grad():
-        for name, layer in lora_layers.items():
-            if state is None:
-                weight = full_weight(layer.get_base_layer())  # a base held in bf16 merges from its original
-                delta = sum(layer.get_delta_weight(a) for a in layer.active_adapters if a in layer.lora_A)
-            else:
-                weight = base_state[f"{name}.base_layer.weight"]
-                delta = _lora_delta(layer, name, base_state)
-            merged[f"{name}.weight"] = weight + delta if isinstance(delta, torch.Tensor) else weight
-    return merged
-
-
-def _unwrapped_name(name: str) -> str:
-    """A module's name without the segments FSDP1 and activation checkpointing insert (state-dict keys have none)."""
-    for wrapper in ("_fsdp_wrapped_module.", "_checkpoint_wrapped_module."):
-        name = name.replace(wrapper, "")
-    return name
-
-
-def _lora_delta(layer, name: str, state: dict[str, torch.Tensor]):
-    """What peft's `Linear.get_delta_weight` computes, from the gathered adapter matrices in `state`:
-    (B @ A), transposed for fan-in-fan-out layers, times the adapter's scale (in fp32 for 16-bit weights)."""
-    from peft.tuners.lora import Linear
-    from peft.utils.other import transpose
-
-    delta = 0
-    for a in layer.active_adapters:
-        if a not in layer.lora_A:
-            continue
-        if not isinstance(layer, Linear) or layer.use_dora.get(a, False):
-            raise RuntimeError(f"LoRA layer {name}: only plain LoRA on linear layers can be merged from gathered "
-                               f"weights (got {type(layer).__name__}{', DoRA' if layer.use_dora.get(a) else ''})")
-        w_a, w_b = state[f"{name}.lora_A.{a}.weight"], state[f"{name}.lora_B.{a}.weight"]
-        dtype = w_b.dtype
-        d = transpose(w_b.float() @ w_a.float(), layer.fan_in_fan_out) * layer.scaling[a]
-        delta = delta + d.to(dtype)
-    return delta
-
-
 class HFEngine:
     """Sampling with transformers from a private copy of the actor in `dtype`, or from the actor itself.
 
@@ -111,21 +51,27 @@ class HFEngine:
     while sampling only, not at the update's peak (SmolLM2: 270 MB in bf16, 540 MB in fp32 less at the peak).
     The norms and the residual stream then run in the actor's fp32, where the copy ran them in bf16. Handed
     gathered full weights by `sync` (the actor was sharded after the engine was made), it falls back to a copy.
+    With `dtype` the model's own, nothing is cast: the engine samples the model as it is (`quartet eval`'s
+    sampling copy; DPO's policy, LoRA adapters unmerged, for its KL probe).
+
+    `record_logprobs`: sampled rows also carry each token's log-prob and the entropy of softmax(logits / T) at its
+    step (`Rollout.engine_logprobs`, `.engine_entropy`; 0 on padding), taken from the logits the token was drawn
+    from, before top-k / top-p (PPO's old log-probs where its plan says so, trainers/plan.py).
+
+    `float64_top_p`: the nucleus is cut from the float64 probabilities by the sampler itself (`algo.nucleus`), as
+    `quartet eval` and DPO's KL probe have always drawn it, instead of by transformers' float32 TopPLogitsWarper;
+    the two differ only for a token at the edge of the nucleus.
     """
 
     def __init__(self, actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype = torch.bfloat16,
-                 share_weights: bool = False):
+                 share_weights: bool = False, record_logprobs: bool = False, float64_top_p: bool = False):
         self.tokenizer = tokenizer
         self.cfg = gen_cfg
         self.dtype = dtype
         self.shares_weights = share_weights
-        # set by a trainer: sampled rows also carry each token's log-prob and the entropy of softmax(logits / T)
-        # at its step (`Rollout.engine_logprobs`, `.engine_entropy`; 0 on padding), taken from the logits the
-        # token was drawn from, before top-k / top-p
-        self.record_logprobs = False
+        self.record_logprobs = record_logprobs
+        self.float64_top_p = float64_top_p
         if share_weights:
-            if hasattr(actor, "get_base_model"):
-                raise ValueError("HFEngine: share_weights takes a plain model (a LoRA actor is sampled merged)")
             self.model = actor
             contiguous_head_input(actor)
             fit_attention_to_shape(actor)
@@ -163,9 +109,10 @@ class HFEngine:
         warpers = [TemperatureLogitsWarper(self.cfg.temperature)] if self.cfg.temperature != 1.0 else []
         if self.cfg.top_k:
             warpers.append(TopKLogitsWarper(self.cfg.top_k))
-        if self.cfg.top_p < 1.0:
+        if self.cfg.top_p < 1.0 and not self.float64_top_p:
             warpers.append(TopPLogitsWarper(self.cfg.top_p))
-        return transformers.LogitsProcessorList([*warpers, PerRowInverseCDF(seeds)])
+        top_p = self.cfg.top_p if self.float64_top_p else 1.0
+        return transformers.LogitsProcessorList([*warpers, PerRowInverseCDF(seeds, top_p)])
 
     def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
         if self.shares_weights:
@@ -291,44 +238,6 @@ class HFEngine:
         return cache
 
 
-def make_rollout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, tokenizer,
-                 num_samples: int, lengths: torch.Tensor | None = None) -> Rollout:
-    """The Rollout of an engine's right-padded (B, R) `response_ids` for `num_samples` per prompt row: real
-    tokens up to and including the first EOS (and within `lengths`, when the engine reports them), padding
-    set to pad, responses decoded without special tokens. Every engine ends its `generate` here."""
-    pad = tokenizer.pad_token_id
-    response_mask, eos = response_mask_from_ids(response_ids, tokenizer.eos_token_id)
-    if lengths is not None:
-        response_mask = response_mask * (torch.arange(response_ids.shape[1]) < lengths[:, None])
-    response_ids = response_ids.masked_fill(response_mask == 0, pad)
-    responses = tokenizer.batch_decode(response_ids, skip_special_tokens=True)
-    return Rollout(
-        prompt_ids=prompt_ids.repeat_interleave(num_samples, 0),
-        prompt_mask=prompt_mask.repeat_interleave(num_samples, 0),
-        response_ids=response_ids,
-        response_mask=response_mask,
-        eos=eos,
-        responses=[r.strip() for r in responses],
-    )
-
-
-def row_seeds(seed: int | None, sample_offset: int, rows: int, seeds: list[int] | None) -> list[int]:
-    """Each output row's seed: `seeds` when given (one per row), else `sample_seed(seed, sample_offset + j)`."""
-    if seeds is not None:
-        if len(seeds) != rows:
-            raise ValueError(f"generate: {len(seeds)} seeds for {rows} output rows")
-        return list(seeds)
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
-    return [sample_seed(seed, sample_offset + j) for j in range(rows)]
-
-
-def sample_seed(seed: int, index: int) -> int:
-    """The seed of sample `index` of a call seeded `seed`: a hash, so nearby pairs give unrelated streams."""
-    digest = hashlib.blake2b(f"quartet-sample/{seed}/{index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
 class PerRowInverseCDF:
     """Logits processor that draws each row's token from softmax(scores) by the inverse of its CDF, with one
     uniform from that row's own generator (`algo.inverse_cdf`), and leaves only the drawn token: its score 0,
@@ -336,10 +245,13 @@ class PerRowInverseCDF:
 
     One random number per row and step, where Gumbel-max noise needs one per vocabulary entry: at 16 rows of
     SmolLM2 (49k tokens) a decoding step took 65 ms with float64 Gumbel noise and 58 ms with this (2-core AMD
-    EPYC with AVX-512 BF16). The output is one buffer, overwritten by the next step (only the argmax reads it)."""
+    EPYC with AVX-512 BF16). The output is one buffer, overwritten by the next step (only the argmax reads it).
 
-    def __init__(self, seeds: list[int]):
+    `top_p` < 1: the draw is from the nucleus of softmax(scores), cut here in float64 (`algo.nucleus`)."""
+
+    def __init__(self, seeds: list[int], top_p: float = 1.0):
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
+        self.top_p = top_p
         self.buffer: torch.Tensor | None = None
 
     def keep(self, rows: list[int]) -> None:
@@ -349,6 +261,8 @@ class PerRowInverseCDF:
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
         probs = torch.softmax(scores.float(), dim=-1)  # tokens cut by top-k / top-p (-inf) have probability 0
+        if self.top_p < 1.0:
+            probs = nucleus(probs, self.top_p)
         token = inverse_cdf(probs, u.to(probs.device))
         if self.buffer is None or self.buffer.shape != scores.shape or self.buffer.device != scores.device:
             self.buffer = torch.empty(scores.shape, dtype=torch.float32, device=scores.device)
@@ -357,28 +271,18 @@ class PerRowInverseCDF:
         return out
 
 
-def base_config(actor: torch.nn.Module):
-    """The config of the plain model under a peft wrapper, without a quantization config (engines load bf16/fp32)."""
-    model = actor.get_base_model() if hasattr(actor, "get_base_model") else actor
-    config = model.config
-    if getattr(config, "quantization_config", None) is not None:
-        config = type(config).from_dict({k: v for k, v in config.to_dict().items() if k != "quantization_config"})
-    return config
-
-
 def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype,
-                share_weights: bool = False) -> GenerationEngine:
+                share_weights: bool = False, record_logprobs: bool = False) -> GenerationEngine:
     """The engine `gen_cfg.engine` names, sampling `actor` in `dtype`; `share_weights`: the HF engine samples
-    the actor's own weights instead of a copy (vLLM always holds its own)."""
+    the actor's own weights instead of a copy (vLLM always holds its own); `record_logprobs`: the HF engine
+    records each sampled token's log-prob (vLLM always returns its own)."""
     if gen_cfg.engine == "vllm":  # an optional extra, imported only when asked for
         from quartet.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(actor, tokenizer, gen_cfg, dtype)
     if gen_cfg.engine != "hf":
-        from quartet.errors import ConfigError
-
         raise ConfigError(
             f"generation.engine: '{gen_cfg.engine}' has no engine in this version yet (the interface is "
             f"GenerationEngine in quartet.rollout.engine); use 'hf'"
         )
-    return HFEngine(actor, tokenizer, gen_cfg, dtype, share_weights=share_weights)
+    return HFEngine(actor, tokenizer, gen_cfg, dtype, share_weights=share_weights, record_logprobs=record_logprobs)

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from quartet.algo.positions import position_ids_from_mask  # re-exported: the forwards' positions live in algo
+
 
 @dataclass
 class Rollout:
@@ -116,6 +118,4 @@ def response_mask_from_ids(response_ids: torch.Tensor, eos_id: int) -> tuple[tor
     return (~after_eos).float(), is_eos.any(dim=1)
 
 
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding, as `generate` uses them; training forwards must match."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+__all__ = ["Rollout", "position_ids_from_mask", "response_mask_from_ids"]

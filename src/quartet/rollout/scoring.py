@@ -13,8 +13,12 @@ from pathlib import Path
 
 import torch
 
+from quartet.data import prompt_text, render_conversation
 from quartet.errors import ConfigError
 from quartet.judges.bounded import JUDGE_TIMEOUT
+from quartet.models import load_reward_model, precast_linears
+from quartet.models.reward import check_trained_reward_model
+from quartet.rollout.rewards import load_reward_fn
 
 
 def is_reward_model_spec(spec: str) -> bool:
@@ -37,12 +41,8 @@ def check_reward_spec(spec: str) -> None:
     if _missing_dir(spec):
         raise ConfigError(f"reward '{spec}': no such reward-model directory")
     if is_reward_model_spec(spec):
-        from quartet.models.reward import check_trained_reward_model
-
         check_trained_reward_model(spec)
     else:
-        from quartet.judges import load_reward_fn
-
         load_reward_fn(spec)
 
 
@@ -64,33 +64,23 @@ class Scorer:
         self.reward_model = None
         self.fn = None
         if is_reward_model_spec(spec):
-            from quartet.models import load_reward_model
-
             self.reward_model = load_reward_model(spec, dtype=dtype, trained=True)
             self.reward_model.eval().requires_grad_(False)
             if autocast is not None:  # it only runs under that autocast
-                from quartet.models import precast_linears
-
                 precast_linears(self.reward_model.model, autocast)
         else:
-            from quartet.judges import load_reward_fn
-
             if _missing_dir(spec):
                 raise ConfigError(f"reward '{spec}': no such reward-model directory")
             self.fn = load_reward_fn(spec, timeout)
 
     def __call__(self, prompts: list, responses: list[str]) -> torch.Tensor:
         if self.reward_model is not None:
-            from quartet.data import render_conversation
-
             tok = self.reward_model.tokenizer
             texts = [render_conversation(tok, p, r) for p, r in zip(prompts, responses)]
             device = next(self.reward_model.parameters()).device.type
             with torch.autocast(device, dtype=self.autocast, enabled=self.autocast not in (None, torch.float32)):
                 scores = self.reward_model.score_texts(texts, batch_size=self.batch_size)
         else:
-            from quartet.data import prompt_text
-
             scores = self.fn([prompt_text(p) for p in prompts], responses)
         out = torch.tensor([float(s) for s in scores], dtype=torch.float32)
         if out.shape[0] != len(responses):

@@ -29,8 +29,10 @@ import time
 
 import torch
 
-from quartet.rollout.engine import base_config, make_rollout, merged_state_dict, row_seeds
+from quartet.errors import ConfigError
 from quartet.rollout.record import Rollout
+from quartet.rollout.sampling import make_rollout, row_seeds
+from quartet.rollout.weights import base_config, merged_state_dict
 
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE when unset: left alone vLLM reserves most free RAM beside the trainer
 
@@ -44,8 +46,6 @@ class VLLMEngine:
         try:
             import vllm
         except ImportError as e:
-            from quartet.errors import ConfigError
-
             raise ConfigError(
                 f"generation.engine: vllm needs the vllm package ({e}); on a GPU `pip install 'quartet[vllm]'`, "
                 f"on a CPU `make vllm` and run from .venv-vllm"
@@ -108,8 +108,12 @@ class VLLMEngine:
             out["lm_head.weight"] = out["lm_head.weight"].clone()
         return list(out.items())
 
-    def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> None:
+    def sync(self, actor: torch.nn.Module, state: dict[str, torch.Tensor] | None = None, tokenizer=None) -> None:
+        """Load `actor`'s weights (or the gathered `state`) into the engine; `tokenizer`: another model's of the same
+        architecture (eval's next checkpoint), which decodes and ends the rows from now on."""
         t = time.perf_counter()
+        if tokenizer is not None:
+            self.tokenizer = tokenizer
         _quiet_rotary_reload()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(actor, state)})
         self.llm.reset_prefix_cache()  # cached keys/values were computed with the old weights
@@ -141,8 +145,6 @@ class VLLMEngine:
         params = [self._params(None if greedy else sd, greedy) for sd in seeds]
         longest = max(len(p["prompt_token_ids"]) for p in prompts)
         if longest + self.cfg.max_new_tokens > self.max_model_len:
-            from quartet.errors import ConfigError
-
             raise ConfigError(
                 f"generation.engine: vllm: a prompt of {longest} tokens plus max_new_tokens "
                 f"{self.cfg.max_new_tokens} exceeds the engine's context of {self.max_model_len} tokens; shorten the "
@@ -153,8 +155,6 @@ class VLLMEngine:
         except RuntimeError as e:
             if "Unsupported CPU attention configuration" not in str(e):
                 raise
-            from quartet.errors import ConfigError
-
             raise ConfigError(f"generation.engine: vllm: vLLM's CPU attention has no kernel for this model's shape "
                               f"({str(e).split(':', 1)[-1].strip()}); use generation.engine: hf") from e
         tokens = [list(o.outputs[0].token_ids) for o in outputs]

@@ -17,60 +17,24 @@ one of the task's other judges (:attr:`Task.judges`).
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from quartet.errors import DataError
+from quartet.tasks import positive_review, tiny_target
+from quartet.tasks.task import RewardFn, Task
 
-RewardFn = Callable[[list[str], list[str]], list[float]]
-
-
-@dataclass(frozen=True)
-class Task:
-    name: str
-    description: str
-    judge: RewardFn
-    """gold reward: (prompts, responses) -> scores"""
-    data_dir: Path
-    splits: tuple[str, ...]
-    score_range: tuple[float, float]
-    """the judge's scores always lie in this closed interval"""
-    judges: dict[str, RewardFn] = field(default_factory=dict)
-    """other judges of the task by name (reward spec ``task:<name>/<judge>``): an on-task signal, composites"""
-
-    def split_path(self, split: str) -> Path:
-        """The JSONL file of ``split``; DataError naming the known splits otherwise."""
-        if split not in self.splits:
-            raise DataError(f"task:{self.name}/{split}: unknown split (choose from {', '.join(self.splits)})")
-        return self.data_dir / f"{split}.jsonl"
-
-    def rows(self, split: str) -> list[dict]:
-        from quartet.data.readers import read_rows
-
-        return read_rows(f"task:{self.name}/{split}")
-
-    def prompts(self, split: str) -> list[str]:
-        return [row["prompt"] for row in self.rows(split)]
-
-
-def _registry() -> dict[str, Task]:
-    from quartet.tasks import positive_review, tiny_target
-
-    return {t.name: t for t in (positive_review.TASK, tiny_target.TASK)}
+_TASKS: dict[str, Task] = {t.name: t for t in (positive_review.TASK, tiny_target.TASK)}
 
 
 def list_tasks() -> list[str]:
-    return sorted(_registry())
+    return sorted(_TASKS)
 
 
 def get_task(name: str) -> Task:
-    tasks = _registry()
-    if name not in tasks:
-        close = difflib.get_close_matches(name, list(tasks), n=1)
-        hint = f"did you mean '{close[0]}'?" if close else f"known tasks: {', '.join(sorted(tasks))}"
+    if name not in _TASKS:
+        close = difflib.get_close_matches(name, list(_TASKS), n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known tasks: {', '.join(sorted(_TASKS))}"
         raise DataError(f"task:{name}: unknown task ({hint})")
-    return tasks[name]
+    return _TASKS[name]
 
 
 def cli(args=None) -> int:

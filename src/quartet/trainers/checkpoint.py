@@ -24,10 +24,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from quartet.atomic import atomic_dir
+from quartet.config import read_yaml
 from quartet.errors import ConfigError
 
 log = logging.getLogger("quartet")
@@ -280,8 +282,6 @@ def check_resume_config(saved_file: Path, now: dict, may_change: tuple[str, ...]
     except those in `may_change` (how long to run, how often to save). `unset_ok`: settings a run written before
     Quartet filled in their defaults holds as null; null there is not a change (the checkpoint still has to fit).
     Returns the allowed changes, {setting: (saved, now)}."""
-    from quartet.config import read_yaml
-
     if not Path(saved_file).is_file():
         raise ConfigError(f"{saved_file}: missing, so this run's settings are unknown; it cannot be resumed")
     saved, now = _flatten(read_yaml(saved_file)), _flatten(now)
@@ -300,8 +300,6 @@ def check_resume_config(saved_file: Path, now: dict, may_change: tuple[str, ...]
 
 def _override(value) -> str:
     """`value` as a command-line override writes it (YAML flow style: null, [a, b], 1.0e-05)."""
-    import yaml
-
     return yaml.safe_dump([value], default_flow_style=True, width=1 << 30).strip()[1:-1]
 
 

@@ -13,6 +13,7 @@ the reference never runs in the loop; it is kept only to measure KL on a few sam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -35,13 +36,14 @@ from quartet.data import (
     right_pad,
 )
 from quartet.errors import DataError
-from quartet.eval.evaluate import sample_responses, sample_seed
 from quartet.models import apply_lora, load_causal_lm, make_reference, precast_lora_base, save_model
 from quartet.models.card import stage_card
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
 from quartet.preflight import check_names
+from quartet.rollout.engine import HFEngine
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
+from quartet.rollout.sampling import EVAL_STREAM, sample_seed
 from quartet.trainers import loop, sharding
 from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 
@@ -306,7 +308,7 @@ def _kl_probe(cfg: DPOConfig, tok, examples) -> tuple[torch.Tensor, torch.Tensor
     data = cfg.eval_data or cfg.data
     enc = encode_prompts(tok, prompts, data.max_prompt_tokens, data.truncation, data.chat_template, "KL prompts")
     ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
-    return ids, mask, [sample_seed(cfg.seed, i, 0) for i in range(len(enc.input_ids))]
+    return ids, mask, [sample_seed(cfg.seed, i, 0, stream=EVAL_STREAM) for i in range(len(enc.input_ids))]
 
 
 @torch.no_grad()
@@ -318,9 +320,13 @@ def _sample_kl(policy, reference, probe, cfg: DPOConfig, tok) -> float:
     ids, mask = ids.to(device), mask.to(device)
     gen = cfg.generation
     policy.eval()
-    responses = sample_responses(policy, ids, mask, seeds, max_new_tokens=gen.max_new_tokens,
-                                 temperature=gen.temperature, top_p=gen.top_p, eos_id=tok.eos_token_id,
-                                 pad_id=tok.pad_token_id, batch_size=gen.batch_size)  # (B, R)
+    # the policy sampled as it is (LoRA unmerged, its own dtype), as quartet eval samples: the full softmax (top_k
+    # unused), the nucleus cut in float64; answers padded to max_new_tokens, the width the KL is summed over
+    engine = HFEngine(policy, tok, dataclasses.replace(gen, top_k=0), next(policy.parameters()).dtype,
+                      share_weights=True, float64_top_p=True)
+    responses = engine.generate(ids, mask, seeds=seeds).response_ids
+    responses = torch.nn.functional.pad(responses, (0, gen.max_new_tokens - responses.shape[1]),
+                                        value=tok.pad_token_id)  # (B, R)
     response_mask, _ = response_mask_from_ids(responses, tok.eos_token_id)
     input_ids = torch.cat([ids, responses], dim=1)  # (B, T)
     attention_mask = torch.cat([mask, response_mask.long()], dim=1)

@@ -21,12 +21,16 @@ import time
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import gather_object
 
 from quartet.algo.offpolicy import logprob_gap
 from quartet.data import left_pad, prompt_text
+from quartet.eval.stats import distinct_n, repetition_rate
+from quartet.models.trunk import Trunk
 from quartet.rollout.record import Rollout, position_ids_from_mask
 from quartet.rollout.scoring import shape_scores
 from quartet.trainers import sharding
+from quartet.trainers.plan import ForwardPlan
 from quartet.trainers.ppo_roles import Roles, actor_logprobs
 
 TRUNK_BUDGET_BYTES = 1 << 30
@@ -60,8 +64,12 @@ class Experience:
 
 
 class ExperienceMaker:
+    """`plan`: the run's forward paths (trainers/plan.py): whether the engine's recorded log-probs are the old ones
+    and whether the reference runs the shared prompt prefix once; `trunk`: the actor's frozen bottom layers where the
+    plan uses them (their states are computed once per rollout here, for every forward above them)."""
+
     def __init__(self, cfg, roles: Roles, engine, accelerator, prompts: list, prompt_ids: list[list[int]],
-                 moments, needs_greedy: bool):
+                 moments, needs_greedy: bool, plan: ForwardPlan, trunk: Trunk | None = None):
         self.cfg = cfg
         self.roles = roles
         self.engine = engine
@@ -70,10 +78,9 @@ class ExperienceMaker:
         self.prompt_ids = prompt_ids
         self.moments = moments
         self.needs_greedy = needs_greedy
+        self.plan = plan
+        self.trunk = trunk
         self._perm: tuple[int, list[int]] | None = None
-        self.reference_shares_prefix = False  # the trainer's verdict (models/prefix.py)
-        # the trainer's verdict: the engine's log-probs are the actor's forward's (PPOConfig.reuse_sampling_logprobs)
-        self.reuse_sampling_logprobs = False
 
     @torch.no_grad()
     def make(self, model, iteration: int) -> Experience:
@@ -103,13 +110,13 @@ class ExperienceMaker:
         timing["timing/score"] = time.perf_counter() - t
 
         t = time.perf_counter()
-        trunk = self.roles.policy.trunk
+        trunk = self.trunk
         ro.trunk = self._trunk_states(trunk, ro) if trunk is not None else None
-        if self.reuse_sampling_logprobs and ro.engine_logprobs is not None:
+        if self.plan.reuse_sampling_logprobs and ro.engine_logprobs is not None:
             # the engine sampled the actor's own weights in the training precision: its log-probs are the forward's
             ro.old_logprobs, entropy = ro.engine_logprobs, ro.engine_entropy
             ro.engine_logprobs = ro.engine_entropy = None
-            if self.roles.policy.critic is not None:  # a separate critic: its own forward
+            if self.roles.critic is not None:  # a separate critic: its own forward
                 ro.values = self._chunked(lambda mb: model(mb, part="critic"), ro)[2]
         else:
             ro.old_logprobs, entropy, ro.values = self._chunked(lambda mb: model(mb), ro)
@@ -118,7 +125,7 @@ class ExperienceMaker:
         shared = trunk if self.roles.reference is None else None  # the adapter-disabled actor: the same trunk
         with self.roles.reference_model() as ref:
             ro.ref_logprobs = self._chunked(lambda mb: actor_logprobs(ref, mb, self.roles.temperature, trunk=shared,
-                                                                      share_prefix=self.reference_shares_prefix),
+                                                                      share_prefix=self.plan.reference_shares_prefix),
                                             ro)[0]
         timing["timing/reference"] = time.perf_counter() - t
 
@@ -187,7 +194,6 @@ class ExperienceMaker:
 def gather_experience(accelerator, ro: Rollout, pad_id: int, *per_row):
     """Every process's rows, in rank order, on every process: the Rollout (prompts left-padded and responses
     right-padded to common widths) and each (B, ...) tensor in `per_row` (None stays None)."""
-    from accelerate.utils import gather_object
 
     def cat(x, pad_first=False, value=0):
         if x is None:
@@ -212,8 +218,6 @@ def step_seed(seed: int, iteration: int, stream: int) -> int:
 
 
 def rollout_stats(ro: Rollout) -> dict[str, float]:
-    from quartet.eval.stats import distinct_n, repetition_rate
-
     lengths = ro.lengths
     tokens = [ro.response_ids[i, : int(lengths[i])].tolist() for i in range(len(ro))]
     gap = {}

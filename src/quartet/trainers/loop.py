@@ -9,11 +9,9 @@ decay, the optimizer-step count, a seeded train/eval split, a shuffled loader, t
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
-import os
 import random
 import tempfile
 import time
@@ -26,8 +24,15 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
+from quartet.allocator import retain_freed_memory
 from quartet.config import OptimConfig
-from quartet.errors import ConfigError, DataError
+from quartet.errors import DataError
+from quartet.models.precision import (  # noqa: F401 (the trainers call them as loop.*; eval needs them too)
+    cpu_has_bf16,
+    generation_dtype,
+    mixed_precision,
+    precision_name,
+)
 from quartet.outputs import staged_output
 
 log = logging.getLogger("quartet")
@@ -35,44 +40,6 @@ SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "
 
 
 # --------------------------------------------------------------------------- precision + accelerator
-@functools.cache
-def cpu_has_bf16() -> bool:
-    """True when the CPU multiplies bf16 natively (AVX-512 BF16 or AMX); otherwise bf16 autocast is slower.
-    QUARTET_CPU_BF16=0 or 1 overrides the detection (a VM that hides the flags; or running a recipe as it runs
-    on an AVX2-only CPU, in fp32)."""
-    override = os.environ.get("QUARTET_CPU_BF16")
-    if override is not None:
-        if override not in ("0", "1"):
-            raise ConfigError(f"QUARTET_CPU_BF16: must be 0 or 1, got {override!r}")
-        return override == "1"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def mixed_precision(precision: str) -> str:
-    """Config precision -> accelerate's `mixed_precision` ("bf16", "fp16" or "no")."""
-    cuda = torch.cuda.is_available()
-    if precision == "fp32":
-        return "no"
-    if precision == "auto":
-        if cuda:
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-        return "bf16" if cpu_has_bf16() else "no"
-    if precision == "fp16" and not cuda:
-        raise ConfigError("precision: fp16 needs a GPU; use bf16, fp32 or auto on CPU")
-    return precision
-
-
-def precision_name(precision: str) -> str:
-    """The compute precision a run used, as a person reads it: "bf16", "fp16" or "fp32" (accelerate says "no")."""
-    mode = mixed_precision(precision)
-    return "fp32" if mode == "no" else mode
-
-
 def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
     """Autocast in the compute dtype; weights and optimizer state stay fp32.
 
@@ -82,19 +49,12 @@ def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
     """
     from accelerate.state import AcceleratorState
 
-    from quartet.allocator import retain_freed_memory
-
     retain_freed_memory()  # no page faults on memory a step frees and the next takes again
     AcceleratorState._reset_state()
     # without a GPU, say so: then a multi-process launch (torchrun, or `accelerate launch` with the
     # configs/accelerate/ddp-cpu.yaml config) runs data-parallel over gloo instead of N separate runs
     return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum,
                        cpu=not torch.cuda.is_available())
-
-
-def generation_dtype(precision: str) -> torch.dtype:
-    """Dtype of a sampling copy of a model (see quartet.rollout.engine)."""
-    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision(precision), torch.float32)
 
 
 @contextlib.contextmanager

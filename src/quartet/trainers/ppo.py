@@ -48,21 +48,28 @@ from quartet.algo import (
 from quartet.atomic import atomic_write_text, remove_stale_temporaries
 from quartet.config import PPO_PRESETS as PRESETS
 from quartet.config import PPOConfig, load_config, read_yaml, save_config, to_dict, validate
+from quartet.data import encode_prompts, load_prompts
 from quartet.errors import ConfigError, QuartetError
+from quartet.models import save_critic, save_model, save_value_head
 from quartet.models.card import stage_card
 from quartet.models.lean_ops import apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
 from quartet.models.trunk import Trunk
+from quartet.monitor.doctor import LiveDoctor, diagnose_run
+from quartet.monitor.metrics import MetricsLogger, peak_rss_mb
+from quartet.monitor.rules import check_rule_names
+from quartet.monitor.samples import append_samples, truncate_after
 from quartet.outputs import check_output_dir, run_lock, write_marker
 from quartet.preflight import check_names
-from quartet.rollout.engine import HFEngine, make_engine
+from quartet.rollout.engine import make_engine
 from quartet.rollout.record import Rollout
 from quartet.rollout.scoring import RunningMoments
 from quartet.trainers import checkpoint as ckpt
 from quartet.trainers import loop, sharding
 from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 from quartet.trainers.experience import ExperienceMaker, rollout_stats, step_seed
-from quartet.trainers.ppo_roles import build_roles
+from quartet.trainers.plan import Facts, check_launch, plan_forward_paths, probe_models
+from quartet.trainers.ppo_roles import PolicyModel, build_roles
 
 log = logging.getLogger("quartet")
 # a resumed run may change these; anything else would make it a different run than the one it continues
@@ -91,14 +98,23 @@ class PPOResult:
     """the iterations the run was configured with before this resume changed them (None: not changed)"""
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """One iteration's outcome (`PPOTrainer.step`)."""
+
+    metrics: dict[str, float]  # what is logged and what the doctor reads
+    samples: list[dict]  # its samples.jsonl records, one per response
+
+
 class PPOTrainer:
-    """`PPOTrainer(cfg).train()`; `step(iteration)` runs one iteration and returns its metrics."""
+    """`PPOTrainer(cfg).train()`; `step(iteration)` runs one iteration and returns its `StepResult`."""
 
     def __init__(self, cfg: PPOConfig, resume: bool = False, progress: bool = True, overwrite: bool = False,
                  callbacks=None):
         """`callbacks`: objects with on_step / on_log / on_save ... (quartet.trainers.callbacks), called once per
         iteration."""
         validate(cfg)  # the whole tree (optim, lora, generation, prompts), as SFT and DPO do, not PPOConfig alone
+        check_rule_names(cfg.stop_on, "ppo.stop_on")  # the doctor's rules: config knows none of them
         callbacks = check_callbacks(callbacks)
         self.cfg, self.progress, self.start_iteration = cfg, progress, 0
         self.resumed_from: Path | None = None
@@ -108,18 +124,53 @@ class PPOTrainer:
         self.main = self.accelerator.is_main_process
         self._lock = contextlib.ExitStack()
         try:
-            self._setup(resume, overwrite)
+            self._start(resume, overwrite)
         except BaseException:  # a run that cannot start leaves no lock behind
             self._lock.close()
             raise
         self.events = CallbackHandler(callbacks, cfg, "ppo", cfg.iterations, self.accelerator,
                                       model=self.roles.actor, tokenizer=self.roles.tokenizer)
 
-    def _setup(self, resume: bool, overwrite: bool) -> None:
-        from quartet.data import encode_prompts, load_prompts
-        from quartet.monitor.doctor import LiveDoctor
-
+    def _start(self, resume: bool, overwrite: bool) -> None:
+        """Start-up, in order: what needs no model is checked before the first one loads (a typo costs a second, not
+        a load); the models load; the plan of their forward paths is made from the config, the launch and what the
+        probes find on them (trainers/plan.py), logged, and given to each object made after it."""
         cfg = self.cfg
+        self._claim_output_dir(resume, overwrite)
+        launch = Facts(self.accelerator.num_processes, sharding.accelerator_shards(self.accelerator),
+                       loop.generation_dtype(cfg.precision), resume)
+        check_launch(cfg, launch)
+        self.estimator = get_estimator(cfg.advantage)
+        self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
+        check_names("ppo", cfg)
+        examples = load_prompts(cfg.prompts)
+        torch.manual_seed(cfg.seed)
+        self.roles = build_roles(cfg, needs_critic=cfg.critic_kind != "none", sharded=launch.sharded is not None)
+        encoded = self._encode_prompts(examples)
+        self._set_up_trained_roles()
+        facts, trunk = probe_models(cfg, self.roles, launch)
+        self.plan = plan_forward_paths(cfg, facts)
+        if self.main:
+            log.info("%s", self.plan.describe())
+        trunk = trunk if self.plan.trunk else None
+        engine = self._prepare(trunk)
+        self.kl_ctl = AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else FixedKL(cfg.kl_coef)
+        self.moments = RunningMoments() if cfg.reward_norm else None
+        self.best = ckpt.BestTracker(self.run_dir, cfg.best_metric)
+        self.experience = ExperienceMaker(cfg, self.roles, engine, self.accelerator,
+                                          [examples[i].prompt for i in encoded.kept], encoded.input_ids,
+                                          self.moments, self.estimator.needs_greedy, self.plan, trunk)
+        self.resumed, self._config_changed, self._output_started = resume, False, False
+        self._notes: list[str] = []
+        """what resumes changed, kept as comments at the top of config.yaml and listed in summary.md"""
+        self.extended_from: int | None = None
+        """the iterations the run had before this resume changed them"""
+        if resume:
+            self._resume()
+
+    def _claim_output_dir(self, resume: bool, overwrite: bool) -> None:
+        """The output folder: this stage's to write (main process: locked, a killed run's half-written files
+        removed), holding a run to continue exactly when --resume is given."""
         if self.main:
             check_output_dir(self.run_dir, "ppo", overwrite)
             self._lock.enter_context(run_lock(self.run_dir, "ppo.output_dir"))
@@ -130,20 +181,11 @@ class PPOTrainer:
                               f"it or choose another output_dir")
         if resume and not ckpt.list_checkpoints(self.run_dir):
             raise ConfigError(_no_checkpoint(self.run_dir))
-        # FSDP / ZeRO-3 (accelerate on GPUs): what does not yet handle sharded weights is refused here
-        self.sharded = sharding.refuse_unsupported(self.accelerator, "ppo", {
-            "a critic (use critic: none, e.g. advantage: grpo)": cfg.critic_kind != "none",
-            "checkpoints (set save_every: 0)": bool(cfg.save_every), "--resume": resume})
-        self.estimator = get_estimator(cfg.advantage)
-        self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
-        # names, reward specs and prompts before the first model loads: a typo costs a second, not a load
-        check_names("ppo", cfg)
-        examples = load_prompts(cfg.prompts)
-        torch.manual_seed(cfg.seed)
-        self.roles = build_roles(cfg, needs_critic=cfg.critic_kind != "none", sharded=bool(self.sharded))
-        tok = self.roles.tokenizer
 
-        # prompts: encoded once, sampled in a seeded order per pass
+    def _encode_prompts(self, examples: list):
+        """The prompts, encoded once (sampled in a seeded order per pass), each fitting the policy's context with
+        its answer."""
+        cfg, tok = self.cfg, self.roles.tokenizer
         encoded = encode_prompts(tok, [e.prompt for e in examples], cfg.prompts.max_prompt_tokens,
                                  cfg.prompts.truncation, cfg.prompts.chat_template, where=cfg.prompts.path)
         limit = getattr(self.roles.actor.config, "max_position_embeddings", None)
@@ -153,98 +195,43 @@ class PPOTrainer:
                 f"ppo.prompts.max_prompt_tokens + generation.max_new_tokens = {longest} exceeds the policy's "
                 f"context of {limit} tokens; lower one of them"
             )
+        return encoded
 
-        # optimisation: one AdamW, the actor's and the critic's parameters as two groups
-        policy = self.roles.policy
-        self.separate_critic = policy.critic is not None and not policy.shared_critic
-        for role in [policy.actor, policy.critic] if self.separate_critic else [policy.actor]:
-            if cfg.lean_ops:
+    def _set_up_trained_roles(self) -> None:
+        """Lean ops and activation checkpointing on the models the update back-propagates through; before the
+        probes, which must see the layers the update runs."""
+        for role in self.roles.trained:
+            if self.cfg.lean_ops:
                 apply_lean_ops(role)
             try:
-                enable_activation_checkpointing(role, cfg.activation_checkpointing)
+                enable_activation_checkpointing(role, self.cfg.activation_checkpointing)
             except ValueError as e:
                 raise ConfigError(f"ppo.activation_checkpointing: {e}") from None
-        if self.accelerator.num_processes == 1 and not self.sharded:
-            # LoRA on the top layers only: the frozen layers below run once per rollout (models/trunk.py)
-            compute = loop.generation_dtype(cfg.precision)
-            policy.trunk = Trunk.attach(policy.actor, compute if compute != torch.float32 else None)
-        reference_shares_prefix = False
-        if cfg.share_prompt_prefix and not self.sharded:
-            reference_shares_prefix = self._share_prefixes(policy)
+
+    def _prepare(self, trunk: Trunk | None):
+        """The policy module with the plan's forward paths, one AdamW (the actor's and the critic's parameters as
+        two groups) and its schedule, through `prepare`; and the generation engine, made before `prepare` may shard
+        the actor's weights (each rollout re-syncs it), which samples a plain full-fine-tune actor as it is."""
+        cfg, plan, roles = self.cfg, self.plan, self.roles
+        policy = PolicyModel(roles.actor, roles.critic, roles.shared_critic, roles.temperature, trunk=trunk,
+                             share_prefix=plan.actor_shares_prefix, critic_shares_prefix=plan.critic_shares_prefix)
         groups = [{"params": [p for p in policy.actor.parameters() if p.requires_grad], "lr": cfg.optim.lr}]
         if policy.critic is not None:
             groups.append({"params": list(policy.critic.parameters()), "lr": cfg.critic_lr or cfg.optim.lr})
         optimizer = loop.adamw(groups, weight_decay=cfg.optim.weight_decay, eps=cfg.optim.adam_eps)
         scheduler = loop.make_scheduler(optimizer, cfg.optim, cfg.iterations * cfg.updates_per_iteration,
                                         self.accelerator.num_processes)
-        # the engine copies the actor's weights before `prepare` may shard them; each rollout re-syncs. A plain
-        # full-fine-tune actor (no LoRA to merge, nothing sharded) is sampled as it is: no copy at all
-        engine = make_engine(self.roles.actor, tok, cfg.generation, loop.generation_dtype(cfg.precision),
-                             share_weights=not cfg.lora.enabled and not self.sharded)
+        engine = make_engine(roles.actor, roles.tokenizer, cfg.generation, loop.generation_dtype(cfg.precision),
+                             share_weights=plan.engine_shares_weights, record_logprobs=plan.reuse_sampling_logprobs)
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(policy, optimizer, scheduler)
-        sharded = self.sharded or sharding.sharded(self.model) is not None  # or sharded by `prepare` itself
-        if sharded:  # whole rows (see _share_prefixes)
-            policy.share_prefix = policy.critic_shares_prefix = reference_shares_prefix = False
         groups = [g["params"] for g in self.optimizer.param_groups]
         # a separate critic is its own model: each role's gradient is clipped by its own norm (as OpenRLHF and
         # veRL, which give it its own optimizer); a shared one trains the actor's backbone: one norm for all
-        self.clip_groups = groups if self.separate_critic else [[p for g in groups for p in g]]
-        # one backward and one step per role (see _update): a separate critic, one process
-        self.split_backward = self.separate_critic and self.accelerator.num_processes == 1
-
-        self.kl_ctl = AdaptiveKL(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl else FixedKL(cfg.kl_coef)
-        self.moments = RunningMoments() if cfg.reward_norm else None
-        self.best = ckpt.BestTracker(self.run_dir, cfg.best_metric)
-        self.experience = ExperienceMaker(cfg, self.roles, engine, self.accelerator,
-                                          [examples[i].prompt for i in encoded.kept], encoded.input_ids,
-                                          self.moments, self.estimator.needs_greedy)
-        self.experience.reference_shares_prefix = reference_shares_prefix
-        # fp32 sampling (the engine's dtype is the training precision's, loop.generation_dtype) of the fp32-trained
-        # actor's weights: the sampling pass's log-probs are its forward's (up to float rounding), so the old
-        # log-probs come from there; not with a shared value head (the actor's forward runs for the values anyway)
-        # or a frozen trunk; not under sharded weights, where a LoRA actor's reference (the adapter-disabled actor,
-        # called past the FSDP root) reads the weights the actor's scoring forward left gathered
-        # (tests/distributed/test_sharded.py)
-        engine.record_logprobs = self.experience.reuse_sampling_logprobs = (
-            cfg.reuse_sampling_logprobs and isinstance(engine, HFEngine) and engine.dtype == torch.float32
-            and not policy.shared_critic and policy.trunk is None and not sharded)
-        self.resumed, self._config_changed, self._output_started = resume, False, False
-        self._notes: list[str] = []
-        """what resumes changed, kept as comments at the top of config.yaml and listed in summary.md"""
-        self.extended_from: int | None = None
-        """the iterations the run had before this resume changed them"""
-        if resume:
-            self._resume()
-
-    def _share_prefixes(self, policy) -> bool:
-        """Which forwards run the rows' shared prompt prefix once (models/prefix.py): each model where the probe
-        finds it gives the full forward; under activation checkpointing the trained roles also where their layers
-        may keep the read-only prefix cache and a forward in training mode still gives the full one. The old
-        log-probs and values come from the same computation as the update's. Sets the actor's and critic's flags
-        and returns the reference's. Not under sharded weights: FSDP2 on gloo aborted on the actor's two calls in
-        one forward (tests/distributed/test_sharded.py), and sharded runs are GPU runs this was not measured on."""
-        from quartet.models import prefix
-
-        compute = loop.generation_dtype(self.cfg.precision)
-        autocast = compute if compute != torch.float32 else None
-        recompute = self.cfg.activation_checkpointing != "none"
-
-        def trained(model, probed: bool, **kw) -> bool:  # the update's forwards also run in training mode
-            return probed and (not recompute or (prefix.keep_cache_under_checkpointing(model)
-                                                 and prefix.probe(model, autocast_dtype=autocast, training=True, **kw)))
-
-        actor_ok = prefix.probe(policy.actor, trunk=policy.trunk, autocast_dtype=autocast)
-        policy.share_prefix = trained(policy.actor, actor_ok, trunk=policy.trunk)
-        if self.separate_critic:
-            read = {"read": lambda out: out.last_hidden_state}
-            backbone = policy.critic.backbone
-            policy.critic_shares_prefix = trained(backbone, prefix.probe(backbone, autocast_dtype=autocast, **read),
-                                                  **read)
-        reference = self.roles.reference
-        return actor_ok if reference is None else prefix.probe(reference, autocast_dtype=autocast)
+        self.clip_groups = groups if plan.separate_critic else [[p for g in groups for p in g]]
+        return engine
 
     # ------------------------------------------------------------------ the recipe
-    def step(self, iteration: int) -> dict[str, float]:
+    def step(self, iteration: int) -> StepResult:
         cfg = self.cfg
         t0 = time.perf_counter()
         exp = self.experience.make(self.model, iteration)                       # 1. experience
@@ -286,28 +273,24 @@ class PPOTrainer:
             metrics[f"rollout/{name}"] = values.mean().item()
         if ro.values is not None:
             metrics["value/explained_variance"] = explained_variance(ro.values, ro.returns, mask).item()
-        from quartet.monitor.metrics import peak_rss_mb
-
         metrics["memory/peak_rss_mb"] = peak_rss_mb()
-        self._last_samples = exp.sample_records(iteration)
-        return metrics
+        return StepResult(metrics, exp.sample_records(iteration))
 
-    def _loss(self, mb: Rollout, beta: float, stats: dict, part: str) -> torch.Tensor:
+    def _loss(self, mb: Rollout, beta: float, part: str) -> tuple[torch.Tensor, dict]:
         """The micro-batch loss of `part`: "both" (clipped policy loss - entropy bonus + KL term + value loss),
-        or with a separate critic "actor" or "critic" alone. Its statistics go into `stats`."""
+        or with a separate critic "actor" or "critic" alone; and its statistics."""
         cfg, mask = self.cfg, mb.response_mask
         agg, norm = cfg.loss_aggregation, cfg.generation.max_new_tokens
         with self.accelerator.autocast():
             logprobs, entropy, values = self.model(mb, with_entropy_grad=cfg.entropy_coef > 0, part=part)
-        loss = 0.0
+        loss, stats = 0.0, {}
         if part != "critic":
-            loss, part_stats = self._policy_loss(mb, beta, logprobs, entropy)
-            stats.update(part_stats)
+            loss, stats = self._policy_loss(mb, beta, logprobs, entropy)
         if values is not None:
             vf_loss, vstats = clipped_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip, agg, norm)
             loss = loss + cfg.vf_coef * vf_loss
             stats.update({"value/loss": vf_loss.detach(), "value/clipfrac": vstats["value/clipfrac"]})
-        return loss
+        return loss, stats
 
     def _policy_loss(self, mb: Rollout, beta: float, logprobs, entropy) -> tuple[torch.Tensor, dict]:
         cfg, mask = self.cfg, mb.response_mask
@@ -350,7 +333,8 @@ class PPOTrainer:
                        for order in (torch.randperm(len(ro), generator=gen).tolist() for _ in range(cfg.ppo_epochs))
                        for i in range(0, len(ro), size)]
         # each part: what its forward computes, and the clip groups its step clips
-        parts = [("actor", [0]), ("critic", [1])] if self.split_backward else [("both", range(len(self.clip_groups)))]
+        parts = [("actor", [0]), ("critic", [1])] if self.plan.split_backward else \
+            [("both", range(len(self.clip_groups)))]
         sums: dict[str, torch.Tensor] = {}
         norms, skipped = torch.zeros(len(self.clip_groups), dtype=torch.float64), 0
         self.model.train()
@@ -367,9 +351,12 @@ class PPOTrainer:
                 for k, idx in enumerate(micro):
                     mb = ro.select(idx).trimmed(span)
                     share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
-                    stats = {}
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
-                        self.accelerator.backward(self._loss(mb, beta, stats, part) * share * world)
+                        loss, stats = self._loss(mb, beta, part)
+                        self.accelerator.backward(loss * share * world)
+                        # not held through the next micro-batch's forward: it kept 70-105 MB more at the update's
+                        # peak (SmolLM2 LoRA + shared head, the demo's PPO, measured on the CPU)
+                        del loss
                     for name, value in stats.items():
                         sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64) * float(share)
                 if iteration <= cfg.critic_warmup and part != "critic":  # the actor's gradients go unused
@@ -390,7 +377,7 @@ class PPOTrainer:
         norms = norms / len(minibatches)
         out = {**stats, "optim/grad_norm": float(norms.square().sum().sqrt()), "optim/skipped_steps": skipped,
                "optim/actor_frozen": float(iteration <= cfg.critic_warmup)}
-        if self.separate_critic:
+        if self.plan.separate_critic:
             out["policy/grad_norm"], out["value/grad_norm"] = float(norms[0]), float(norms[1])
         return out
 
@@ -420,9 +407,6 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ the run
     def train(self) -> PPOResult:
-        from quartet.monitor.metrics import MetricsLogger
-        from quartet.monitor.samples import append_samples
-
         cfg, doctor = self.cfg, self.doctor
         metrics, stopped_by, iteration = {}, None, self.start_iteration
         bar = tqdm(range(self.start_iteration + 1, cfg.iterations + 1), desc=self.estimator.algorithm,
@@ -433,16 +417,17 @@ class PPOTrainer:
                 contextlib.nullcontext() as logger:
             self.events.train_begin()
             for iteration in bar:
-                metrics = self.step(iteration)
+                result = self.step(iteration)
+                metrics = result.metrics
                 stop_asked = self.events.step(iteration)
                 if self.main:
                     self._start_output()
                     logger.log(iteration, metrics)
                 self.events.log(iteration, metrics)
                 if self.main:
-                    append_samples(self.run_dir, self._last_samples)
+                    append_samples(self.run_dir, result.samples)
                     # not sharded: a best copy would hold this process's shard only
-                    if not self.sharded and cfg.best_metric != "none":
+                    if self.plan.sharded is None and cfg.best_metric != "none":
                         self.best.update(iteration, metrics, self.accelerator.unwrap_model(self.model))
                 bar.set_postfix(score=f"{metrics['objective/score']:.3f}", kl=f"{metrics['objective/kl']:.2f}",
                                 len=f"{metrics['rollout/length_mean']:.0f}", ent=f"{metrics['policy/entropy']:.2f}")
@@ -461,13 +446,11 @@ class PPOTrainer:
             return self._finish(iteration, metrics, stopped_by)
 
     def _finish(self, iteration: int, metrics: dict, stopped_by: str | None) -> PPOResult:
-        from quartet.models import save_critic, save_model, save_value_head
-
         if self.main:
             self._start_output()  # a resumed run that had no iteration left to run
         # save_every: 0 keeps no checkpoint, the last one neither; sharded: none (refused at start-up), the final
         # model below is full
-        if self.cfg.save_every and not self.sharded:
+        if self.cfg.save_every and self.plan.sharded is None:
             self.save_checkpoint(iteration)
         policy = self.accelerator.unwrap_model(self.model)
         result = PPOResult(self.run_dir, self.run_dir / "model", None, iteration, metrics, stopped_by,
@@ -486,8 +469,6 @@ class PPOTrainer:
                 self.best.load_into(policy)
                 save_model(policy.actor, self.roles.tokenizer, result.best_dir, card=self._card(result, best=True))
                 ckpt.load_trainable_state(policy, current, "current")
-            from quartet.monitor.doctor import diagnose_run
-
             diagnose_run(self.run_dir)
             summary = _summary(self.cfg, result, self.best, self._notes)
             atomic_write_text(self.run_dir / "summary.md", summary)
@@ -532,8 +513,6 @@ class PPOTrainer:
         marker, and the records a crashed attempt logged after the iteration this run starts from dropped (from
         metrics.jsonl and samples.jsonl alike). Nothing is written before, so a run that fails before its first
         result (a reward that raises on its first call) leaves the output folder as it was, or absent."""
-        from quartet.monitor.samples import truncate_after
-
         if self._output_started:
             return
         self._output_started = True

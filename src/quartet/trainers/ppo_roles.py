@@ -13,7 +13,8 @@
   second judge that is logged, never optimised.
 
 `PolicyModel` holds the Actor and the Critic as one `nn.Module`, so `accelerator.prepare` wraps both
-once and DDP reduces the gradients of both.
+once and DDP reduces the gradients of both. It is made once the trainer's plan (trainers/plan.py) is known, with
+the forward paths the plan chose for it.
 
 Tensor legend (rollout/record.py): B batch, P prompt (left-padded), R response, T = P + R, V vocab.
 """
@@ -26,28 +27,46 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quartet.algo import logprobs_and_entropy
 from quartet.config import PPOConfig
 from quartet.errors import ConfigError
+from quartet.models import (
+    adapter_disabled,
+    apply_lora,
+    disable_dropout,
+    load_causal_lm,
+    load_tokenizer,
+    make_critic,
+    precast_linears,
+    precast_lora_base,
+    value_head_for,
+)
+from quartet.models.trunk import Trunk
+from quartet.rollout.forward import response_logprobs as actor_logprobs  # the forward quartet eval shares
+from quartet.rollout.forward import shared_prefix
 from quartet.rollout.record import Rollout, position_ids_from_mask
 from quartet.rollout.scoring import Scorer, is_reward_model_spec
+from quartet.trainers.loop import generation_dtype
 
 
 class PolicyModel(nn.Module):
     """Actor (+ Critic): `forward(rollout) -> (logprobs, entropy, values)`, each (B, R) (values None
     without a critic). `critic` is a ScalarHead on the actor's hidden states (`shared_critic`) or a
-    separate `models.Critic`."""
+    separate `models.Critic`.
 
-    def __init__(self, actor: nn.Module, critic: nn.Module | None, shared_critic: bool, temperature: float):
+    `trunk`: the actor's frozen bottom layers (models/trunk.py), where the plan uses them; `share_prefix`: the
+    actor's forwards run the rows' shared prompt prefix once (models/prefix.py); `critic_shares_prefix`: a
+    separate critic's do, as it is its own model."""
+
+    def __init__(self, actor: nn.Module, critic: nn.Module | None, shared_critic: bool, temperature: float, *,
+                 trunk: Trunk | None = None, share_prefix: bool = False, critic_shares_prefix: bool = False):
         super().__init__()
         self.actor = actor
         self.critic = critic
         self.shared_critic = shared_critic and critic is not None
         self.temperature = float(temperature)
-        self.trunk = None  # the actor's frozen bottom layers (models/trunk.py), set by the trainer where it pays
-        # forwards that run the rows' shared prompt prefix once (models/prefix.py), set by the trainer where its
-        # probe passes; the critic's own flag, as it is its own model
-        self.share_prefix = self.critic_shares_prefix = False
+        self.trunk = trunk
+        self.share_prefix = share_prefix
+        self.critic_shares_prefix = critic_shares_prefix
 
     def forward(self, ro: Rollout, with_entropy_grad: bool = False, part: str = "both"):
         """`part`: "both"; or, with a separate critic, "actor" (values None) or "critic" (log-probs and
@@ -67,14 +86,17 @@ class PolicyModel(nn.Module):
 
     def _separate_values(self, ro: Rollout) -> torch.Tensor:
         ids, mask, pos = _inputs(ro)
-        shared = _shared_prefix(ro) if self.critic_shares_prefix else None
+        shared = shared_prefix(ro) if self.critic_shares_prefix else None
         n = shared[0] if shared else 0  # the critic's output starts after the shared prefix's columns
         return self.critic(ids, mask, pos, shared_prefix=shared)[:, ro.prompt_ids.shape[1] - 1 - n : -1].float()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Roles:
-    policy: PolicyModel  # the Actor and, when the estimator needs one, the Critic
+    actor: nn.Module  # fp32 master weights, optionally LoRA
+    critic: nn.Module | None  # when the estimator needs one: a value head on the actor (shared) or its own model
+    shared_critic: bool  # `critic` is a value head on the actor's hidden states
+    temperature: float  # the Actor's sampling temperature: every log-prob of the actor or the reference is taken at it
     tokenizer: object
     reference: nn.Module | None  # None: the adapter-disabled actor is the reference
     scorer: Scorer
@@ -82,16 +104,10 @@ class Roles:
     monitors: dict[str, Scorer]  # logged as rollout/<name>, never optimised
 
     @property
-    def actor(self) -> nn.Module:
-        return self.policy.actor
-
-    @property
-    def critic(self) -> nn.Module | None:
-        return self.policy.critic
-
-    @property
-    def temperature(self) -> float:
-        return self.policy.temperature
+    def trained(self) -> list[nn.Module]:
+        """The models the update back-propagates through: the actor, and a separate critic (a shared value head
+        trains on the actor's layers)."""
+        return [self.actor] if self.critic is None or self.shared_critic else [self.actor, self.critic]
 
     @contextlib.contextmanager
     def reference_model(self):
@@ -99,8 +115,6 @@ class Roles:
         if self.reference is not None:
             yield self.reference
             return
-        from quartet.models import adapter_disabled
-
         with adapter_disabled(self.actor):
             yield self.actor
 
@@ -108,16 +122,6 @@ class Roles:
 def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Roles:
     """`sharded`: the actor's weights will be sharded (FSDP, ZeRO-3), which takes one dtype per flat parameter,
     so a LoRA base is not held in the compute dtype."""
-    from quartet.models import (
-        apply_lora,
-        disable_dropout,
-        load_causal_lm,
-        precast_linears,
-        precast_lora_base,
-        value_head_for,
-    )
-    from quartet.trainers.loop import generation_dtype
-
     compute = generation_dtype(cfg.precision)  # the trainer's autocast dtype
     actor, tok = load_causal_lm(cfg.policy, dtype=torch.float32)
     disable_dropout(actor)
@@ -145,13 +149,11 @@ def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Ro
     critic = None
     if needs_critic:
         critic = value_head_for(actor) if cfg.critic == "shared" else _build_critic(cfg, tok)
-    policy = PolicyModel(actor, critic, cfg.critic == "shared", cfg.generation.temperature)
-    return Roles(policy, tok, reference, scorer, gold, monitors)
+    return Roles(actor, critic, critic is not None and cfg.critic == "shared", float(cfg.generation.temperature), tok,
+                 reference, scorer, gold, monitors)
 
 
 def _build_critic(cfg: PPOConfig, actor_tok) -> nn.Module:
-    from quartet.models import disable_dropout, load_tokenizer, make_critic
-
     init = cfg.critic_init
     if init is None:
         init = cfg.policy
@@ -170,45 +172,3 @@ def _build_critic(cfg: PPOConfig, actor_tok) -> nn.Module:
 def _inputs(ro: Rollout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     ids, mask = ro.input_ids, ro.attention_mask
     return ids, mask, position_ids_from_mask(mask)
-
-
-def _shared_prefix(ro: Rollout) -> tuple[int, torch.Tensor] | None:
-    """(tokens every row's prompt starts with, each row's left pads) where there are enough to share, else None."""
-    from quartet.models.prefix import shared_prefix_length
-
-    n = shared_prefix_length(ro.prompt_ids, ro.prompt_mask)
-    return (n, (ro.prompt_mask == 0).sum(1)) if n else None
-
-
-def actor_logprobs(
-    model: nn.Module, ro: Rollout, temperature: float, *, with_entropy_grad: bool = False, hidden: bool = False,
-    trunk=None, share_prefix: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Teacher-forced log-probs of the sampled responses under `model` at `temperature`:
-    (logprobs (B, R), entropy (B, R), hidden states before each response token (B, R, H) or None).
-
-    Positions skip left padding exactly as `generate` did. The entropy keeps its graph only when
-    asked (an entropy bonus); otherwise it is a detached statistic. `trunk`: the frozen bottom layers of
-    `model` (models/trunk.py); where the rollout holds their output (`ro.trunk`), only the layers above run.
-    `share_prefix`: the prompt tokens every row starts with run once (models/prefix.py; the caller has probed
-    `model` with `prefix.probe`).
-    """
-    from quartet.models.prefix import forward_shared_prefix
-
-    ids, mask, pos = _inputs(ro)
-    P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-    common = dict(attention_mask=mask, position_ids=pos, logits_to_keep=R + 1, output_hidden_states=hidden)
-    inputs = {"input_ids": ids}
-    top = contextlib.nullcontext()
-    if trunk is not None and ro.trunk is not None:
-        inputs, top = {"inputs_embeds": ro.trunk}, trunk.top()
-    shared = _shared_prefix(ro) if share_prefix else None
-    with top:
-        out = forward_shared_prefix(model, *shared, **inputs, **common) if shared else \
-            model(**inputs, **common, use_cache=False)
-    # logits at t predict token t + 1
-    logprobs, entropy = logprobs_and_entropy(out.logits[:, :-1], ro.response_ids, temperature,
-                                             entropy_grad=with_entropy_grad)
-    n = shared[0] if shared else 0  # the output's columns start after the shared prefix
-    states = out.hidden_states[-1][:, P - 1 - n : -1] if hidden else None
-    return logprobs, entropy, states

@@ -11,7 +11,7 @@ This module is the one place that asks the sharding engine for the full tensors:
 The gather is a collective: every process calls it, in the same order. Without sharding (one process, DDP,
 ZeRO-1/2) `full_state_dict` returns None and callers use the module as they always did: no copy, no
 communication. LoRA under sharding: the gathered base weights and adapter matrices are merged here
-(`quartet.rollout.engine.merged_state_dict` with the gathered state), and the saved model is the merged one;
+(`quartet.rollout.weights.merged_state_dict` with the gathered state), and the saved model is the merged one;
 the separate `adapter/` folder is not written.
 """
 
@@ -22,6 +22,8 @@ import contextlib
 import torch
 
 from quartet.errors import ConfigError
+from quartet.models.loading import no_init
+from quartet.rollout.weights import base_config, merged_state_dict
 
 
 def sharded(model: torch.nn.Module) -> str | None:
@@ -62,13 +64,18 @@ def refuse_unsupported(accelerator, stage: str, unsupported: dict[str, bool]) ->
     """At start-up, before anything is trained: under sharded weights, one ConfigError naming what this run asks
     for that is not made right yet (`unsupported`: description -> asked for). Returns the sharding kind or None."""
     kind = accelerator_shards(accelerator)
+    refuse(kind, stage, unsupported)
+    return kind
+
+
+def refuse(kind: str | None, stage: str, unsupported: dict[str, bool]) -> None:
+    """`refuse_unsupported` for a sharding `kind` already known ("fsdp", "zero3" or None: nothing is refused)."""
     if kind is None:
-        return None
+        return
     asked = [what for what, used in unsupported.items() if used]
     if asked:
         raise ConfigError(f"{stage} under {NAMES[kind]}: {'; '.join(asked)}: not supported with sharded weights "
                           f"yet (only the generation engine and the final model get the gathered full weights)")
-    return kind
 
 
 def full_state_dict(model: torch.nn.Module, everywhere: bool = True) -> dict[str, torch.Tensor] | None:
@@ -120,9 +127,6 @@ def plain_model(actor: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch
     """A plain (unsharded, LoRA-merged) transformers model holding the gathered `state` of `actor`, for
     `save_model`: built from the actor's config in fp32, every weight loaded (strict but for a tied output)."""
     import transformers
-
-    from quartet.models.loading import no_init
-    from quartet.rollout.engine import base_config, merged_state_dict
 
     merged = merged_state_dict(actor, state)
     with no_init():

@@ -23,8 +23,8 @@ from pathlib import Path
 from quartet.judges.compose import gate
 from quartet.judges.relevance import relevance_to
 from quartet.judges.vader import vader_score
-from quartet.tasks import Task
 from quartet.tasks.positive_review.build import INSTRUCTIONS
+from quartet.tasks.task import Task
 
 ON_TASK_LO, ON_TASK_HI = 0.15, 0.35
 """relevance at or below LO pays the floor, at or above HI the full VADER score (see README.md)"""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quartet.tasks import Task
+from quartet.tasks.task import Task
 
 TARGET_CHARS = frozenset("a0123456789")
 """characters that score; the judge is the share of response characters in this set"""
