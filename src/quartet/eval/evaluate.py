@@ -75,7 +75,7 @@ from quartet.models.packed import pack_linears
 from quartet.models.precision import generation_dtype
 from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, staged_output
-from quartet.rollout.engine import HFEngine, make_engine
+from quartet.rollout.engine import make_engine, sample_as_is
 from quartet.rollout.forward import response_logits
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 from quartet.rollout.rewards import load_reward_fn
@@ -235,7 +235,7 @@ def cli(args) -> int:
 class Sampler:
     """Each checkpoint's responses, drawn by a generation engine with the eval's settings and seeds.
 
-    hf: an `HFEngine` per checkpoint that samples it as it is (`share_weights` in the checkpoint's own dtype): in
+    hf: `rollout.engine.sample_as_is` per checkpoint, the engine sampling it in its own dtype, nothing cast: in
     fp32 the loaded model itself; otherwise a copy cast by `.to`, its linears laid out once (models/packed.py).
     That copy and not the engine's own (`HFEngine._private_copy`, built from the config): `.to` also rounds the
     rotary frequencies to bf16, where the engine's copy keeps them in float32, and eval's samples have always
@@ -264,10 +264,8 @@ class Sampler:
         if self.s.sample_dtype != "fp32":  # a low-precision copy that only samples: its linears laid out once
             sampling = copy.deepcopy(model).to(DTYPES[self.s.sample_dtype])
             pack_linears(sampling, rows=self.s.batch_size)
-        engine = HFEngine(sampling, tok, self.cfg, DTYPES[self.s.sample_dtype], share_weights=True,
-                          float64_top_p=True)
-        ids = engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds).response_ids
-        return torch.nn.functional.pad(ids, (0, self.s.max_new_tokens - ids.shape[1]), value=tok.pad_token_id)
+        return sample_as_is(sampling, tok, self.cfg, DTYPES[self.s.sample_dtype], prompt_ids, prompt_mask, seeds,
+                            greedy=greedy)
 
     def _vllm(self, model, tok, path: str):
         arch = _architecture(model)

@@ -10,6 +10,7 @@ no copy between rollouts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Protocol
 
 import torch
@@ -269,6 +270,19 @@ class PerRowInverseCDF:
         out = self.buffer.fill_(float("-inf"))
         out[torch.arange(out.shape[0], device=out.device), token] = 0.0
         return out
+
+
+@torch.no_grad()
+def sample_as_is(model: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype, prompt_ids: torch.Tensor,
+                 prompt_mask: torch.Tensor, seeds: list[int], greedy: bool = False) -> torch.Tensor:
+    """Response ids (B, max_new_tokens) of `model` sampled as it is (`dtype` its own: nothing cast, LoRA unmerged),
+    row b drawn with seeds[b] from the full softmax (top-k off) with the nucleus cut in float64, padded after EOS to
+    max_new_tokens: how `quartet eval` and DPO's KL probe have always sampled, and the width their KL is summed
+    over (a float sum's order follows it)."""
+    engine = HFEngine(model, tokenizer, dataclasses.replace(gen_cfg, top_k=0), dtype, share_weights=True,
+                      float64_top_p=True)
+    ids = engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds).response_ids
+    return torch.nn.functional.pad(ids, (0, gen_cfg.max_new_tokens - ids.shape[1]), value=tokenizer.pad_token_id)
 
 
 def make_engine(actor: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype,

@@ -13,7 +13,6 @@ the reference never runs in the loop; it is kept only to measure KL on a few sam
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -41,7 +40,7 @@ from quartet.models.card import stage_card
 from quartet.monitor import MetricsLogger, Progress, peak_rss_mb
 from quartet.outputs import check_output_dir
 from quartet.preflight import check_names
-from quartet.rollout.engine import HFEngine
+from quartet.rollout.engine import sample_as_is
 from quartet.rollout.record import position_ids_from_mask, response_mask_from_ids
 from quartet.rollout.sampling import EVAL_STREAM, sample_seed
 from quartet.trainers import loop, sharding
@@ -320,13 +319,7 @@ def _sample_kl(policy, reference, probe, cfg: DPOConfig, tok) -> float:
     ids, mask = ids.to(device), mask.to(device)
     gen = cfg.generation
     policy.eval()
-    # the policy sampled as it is (LoRA unmerged, its own dtype), as quartet eval samples: the full softmax (top_k
-    # unused), the nucleus cut in float64; answers padded to max_new_tokens, the width the KL is summed over
-    engine = HFEngine(policy, tok, dataclasses.replace(gen, top_k=0), next(policy.parameters()).dtype,
-                      share_weights=True, float64_top_p=True)
-    responses = engine.generate(ids, mask, seeds=seeds).response_ids
-    responses = torch.nn.functional.pad(responses, (0, gen.max_new_tokens - responses.shape[1]),
-                                        value=tok.pad_token_id)  # (B, R)
+    responses = sample_as_is(policy, tok, gen, next(policy.parameters()).dtype, ids, mask, seeds)  # (B, R)
     response_mask, _ = response_mask_from_ids(responses, tok.eos_token_id)
     input_ids = torch.cat([ids, responses], dim=1)  # (B, T)
     attention_mask = torch.cat([mask, response_mask.long()], dim=1)
