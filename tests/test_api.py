@@ -124,7 +124,7 @@ def test_grpo_reward_list_with_weights_logs_each_and_optimises_the_weighted_sum(
                                   reward_weights=[1.0, 0.5], train_dataset=datasets.Dataset.from_list(prompt_rows()),
                                   callbacks=[stop], **ppo_kwargs(tmp_path, iterations=3))
     assert trainer.config.advantage == "grpo" and trainer.config.samples_per_prompt == 4  # the preset's
-    assert set(trainer.config.monitor_judges) == {"reward_quartet_reward", "reward_trl_reward"}
+    assert list(trainer.config.reward_terms) == ["reward_quartet_reward", "reward_trl_reward"]
     result = trainer.train()
     assert result.iterations == 1 and stop.steps == [1] and result.stopped_by == "a callback"
     assert first.calls == 1  # scored once, for the sum and for its own line

@@ -28,7 +28,7 @@ LAYERS: dict[str, int] = {
     "data": 7,
     "rollout": 8,
     "preflight": 9,
-    "monitor": 10, "eval": 10,
+    "monitor": 10, "eval": 10, "annotate": 10,
     "trainers": 11,
     "pipeline": 12,
     "api": 13, "config_doc": 13,
@@ -44,6 +44,15 @@ LAZY_OK: dict[tuple[str, str], str] = {
     ("quartet.judges.relevance", "quartet.models.names"):
         "quartet.models loads transformers (seconds); tasks, data and `quartet tasks` import the judges, and only "
         "the relevance judge's first call needs a model",
+    ("quartet.annotate.command", "quartet.annotate.server"):
+        "fastapi and uvicorn are the optional annotate extra: the command checks they are installed, and says how to "
+        "install them, before it imports the module that needs them",
+    ("quartet.annotate.export", "quartet.rollout.scoring"):
+        "an export scores answers only when given --judge; the Scorer's module loads transformers (seconds), which "
+        "the export of rankings alone does not need",
+    ("quartet.annotate.command", "quartet.annotate.export"):
+        "the export scores answers with a reward spec (quartet.rollout.scoring loads torch, seconds); serving the "
+        "page does not need it",
 }
 
 

@@ -14,8 +14,8 @@ may be names, paths or loaded transformers models with their tokenizer; data pat
 It stays thin: objects are registered under ``memory:`` names (quartet.handles), which makes the arguments a plain
 config dict; that dict goes through `config.from_dict` and `config.validate` and the stage's own function, exactly
 as `quartet <stage> key=value` does, so every mistake is the ConfigError / DataError / ModelError the CLI prints
-(before any model loads). A list of rewards becomes ``sum(w1*f1, w2*f2, ...)`` with each ``f`` also a monitor judge,
-logged as ``rollout/reward_<name>`` and computed once per rollout (quartet.rollout.rewards).
+(before any model loads). A list of rewards becomes the config's ``reward_funcs`` / ``reward_weights``, as in YAML: the
+weighted sum is optimised and each term is logged as ``rollout/reward_<name>``, computed once per rollout.
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ class _Objects:
                 value = self.reward(value, path)
             elif key == "monitor_judges" and isinstance(value, dict):
                 value = {k: self.reward(v, f"{path}.{k}") for k, v in value.items()}
+            elif key == "reward_funcs" and isinstance(value, (list, tuple)):
+                value = [self.reward(v, f"{path}[{i}]") for i, v in enumerate(value)]
             elif isinstance(value, os.PathLike):  # output_dir=Path(...)
                 value = os.fspath(value)
             out[key] = value
@@ -189,9 +191,10 @@ def _callable_name(fn) -> str:
     return name if name[0].isalpha() else f"fn_{name}"
 
 
-def reward_list(funcs, weights, objects: _Objects, where: str = "reward_funcs") -> tuple[str, dict]:
-    """TRL's ``reward_funcs`` / ``reward_weights`` -> (the reward spec, the monitor judges that log each term as
-    rollout/reward_<name>). One function is the reward as it is, with no extra line."""
+def reward_list(funcs, weights, objects: _Objects, where: str = "reward_funcs") -> dict:
+    """TRL's ``reward_funcs`` / ``reward_weights`` -> the config fields they become: one function with weight 1 is the
+    ``reward`` as it is; more (or a weight) are ``reward_funcs`` (specs, callables registered) and ``reward_weights``,
+    each term logged as rollout/reward_<name> (its function's name: quartet.config.stages.reward_term_names)."""
     funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
     if not funcs:
         raise ConfigError(f"{where}: give at least one reward function or spec")
@@ -205,17 +208,8 @@ def reward_list(funcs, weights, objects: _Objects, where: str = "reward_funcs") 
             raise ConfigError(f"reward_weights[{i}]: must be a finite number, got {w!r}")
     specs = [objects.reward(f, f"{where}[{i}]") for i, f in enumerate(funcs)]
     if len(specs) == 1 and weights[0] == 1:
-        return specs[0], {}
-    monitors, seen = {}, set()
-    for f, spec in zip(funcs, specs):
-        base = f"reward_{_callable_name(f) if callable(f) else re.sub(r'[^A-Za-z0-9]+', '_', f).strip('_')}"
-        name, k = base, 2
-        while name in seen:
-            name, k = f"{base}_{k}", k + 1
-        seen.add(name)
-        monitors[name] = spec
-    terms = ", ".join(f"{float(w)!r}*{spec}" for w, spec in zip(weights, specs))
-    return f"sum({terms})", monitors
+        return {"reward": specs[0]}
+    return {"reward_funcs": specs, "reward_weights": [float(w) for w in weights]}
 
 
 # --------------------------------------------------------------------------- trainers
@@ -310,9 +304,7 @@ class PPOTrainer(_Trainer):
             return
         if given.get("reward") is not None:
             raise ConfigError(f"{self.stage}: give the rewards once (reward= or reward_funcs=)")
-        given["reward"], monitors = reward_list(funcs, self._reward_weights, self.objects)
-        if monitors:
-            given["monitor_judges"] = {**(given.get("monitor_judges") or {}), **monitors}
+        given.update(reward_list(funcs, self._reward_weights, self.objects))
 
     def train(self):
         self.trainer = ppo.PPOTrainer(self.config, resume=self.resume, progress=self.progress, overwrite=self.overwrite,

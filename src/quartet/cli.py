@@ -11,6 +11,7 @@ import importlib
 import importlib.metadata
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -32,6 +33,8 @@ STAGES = {
     "eval": ("quartet.eval.evaluate:cli", "evaluate checkpoints: gold/RM score, KL, length, diversity, win rate"),
     "report": ("quartet.monitor.report:cli", "write a self-contained HTML report for a run directory"),
     "doctor": ("quartet.monitor.doctor:cli", "diagnose a run from its metrics: symptoms, causes, fixes"),
+    "annotate": ("quartet.annotate.command:cli", "people rank a samples file's answers in the browser; --export: "
+                 "their rankings as preference pairs"),
     "tasks": ("quartet.tasks:cli", "list the built-in tasks"),
     "config": ("quartet.config_doc:cli", "every setting of a stage with its default and docstring; --write FILE: a "
                "commented starter config"),
@@ -78,11 +81,38 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--max-new-tokens", type=int, default=48)
             p.add_argument("--temperature", type=float, default=0.7)
             p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--batch-size", type=int, default=16, metavar="N",
+                           help="prompts decoded together (default 16; the results do not depend on it)")
+            p.add_argument("--samples-per-prompt", type=int, default=1, metavar="N",
+                           help="responses sampled per prompt (default 1); for a right/wrong gold judge, pass@k for "
+                                "k up to N")
+            p.add_argument("--extra-tasks", type=_names, default=None, metavar="TASK,TASK",
+                           help="built-in tasks each checkpoint is also evaluated on, with their eval split and gold "
+                                "judge (the alignment tax), e.g. constraints,arithmetic")
             p.add_argument("--engine", choices=("hf", "vllm"), default="hf",
                            help="what samples the responses: hf (exact, replayable here) or vllm (the vllm extra: "
                                 "one engine for all checkpoints, which must share one architecture)")
             p.add_argument("--judge-timeout", type=_seconds_or_none, default=argparse.SUPPRESS,
                            help="seconds one call of a module:function judge may take (default 600; none: no bound)")
+            p.add_argument("--bad-cases", type=int, default=argparse.SUPPRESS, metavar="N",
+                           help="prompts written to OUT/bad_cases.jsonl for the next round of feedback (default 32; "
+                                "0: none)")
+            p.add_argument("--judge", metavar="llm:MODEL", default=None,
+                           help="a language model judging each checkpoint's responses against the baseline's, both "
+                                "orders: judge win rate, position bias, ties (a model dir, .gguf, "
+                                "smollm2-135m-instruct; with --judge-base-url, the server's model name)")
+            p.add_argument("--judge-rubric", default=None,
+                           help="the judge's principles: text, or a .txt/.md file of one per line (default: the "
+                                "task's, else a generic one)")
+            p.add_argument("--judge-mode", choices=("pairwise", "pointwise"), default="pairwise",
+                           help="pairwise: A or B? (default); pointwise: each response rated 1-9 alone")
+            p.add_argument("--judge-orders", choices=("agree", "average"), default="agree",
+                           help="a pair's two orders: agree = a win only when both orders pick it (default); "
+                                "average = their mean log-odds decides (for a judge with a strong position bias)")
+            p.add_argument("--judge-base-url", default=None,
+                           help="an OpenAI-compatible server's API root for the judge, e.g. http://127.0.0.1:8000/v1")
+            p.add_argument("--judge-api-key-env", default="OPENAI_API_KEY",
+                           help="environment variable holding that server's key (default OPENAI_API_KEY)")
             p.add_argument("--out", required=True, help="output directory (eval/eval.json, samples)")
             p.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
         elif name == "config":
@@ -90,6 +120,30 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--write", metavar="FILE", help="write a starter YAML: every setting at its default, "
                                                            "under its docstring")
             p.add_argument("--overwrite", action="store_true", help="replace FILE if it exists")
+        elif name == "annotate":
+            p.add_argument("samples", nargs="?", help="samples file to rank (what `quartet label` writes beside its "
+                                                      "pairs: <stem>.samples.jsonl); not needed with --export")
+            p.add_argument("--out", required=True, help="folder of the judgments (judgments.jsonl, items.jsonl); "
+                                                        "created, and resumed when it exists")
+            p.add_argument("--per-item", type=int, default=1, metavar="N",
+                           help="people who rank each item (2+: agreement between them; default 1)")
+            p.add_argument("--host", default="127.0.0.1",
+                           help="address to listen on (default 127.0.0.1; any other needs the printed token)")
+            p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: any free port)")
+            p.add_argument("--token", default=None,
+                           help="access token every request must carry (default: none on loopback, a random one "
+                                "printed in the URL otherwise)")
+            p.add_argument("--export", metavar="FILE", default=None,
+                           help="write the rankings in --out as preference pairs to FILE (for quartet rm / dpo) "
+                                "instead of serving")
+            p.add_argument("--judge", metavar="SPEC", default=None,
+                           help="with --export: each person's agreement with this judge (a reward spec such as "
+                                "task:positive-review, or a reward-model dir); default: the samples' score column")
+            p.add_argument("--judge-timeout", type=_seconds_or_none, default=argparse.SUPPRESS,
+                           help="seconds one call of a module:function judge may take (default 600; none: no bound)")
+            p.add_argument("--majority", action="store_true",
+                           help="with --export: one pair per answer pair, in the order most of the item's people "
+                                "gave (default: every person's pairs)")
         elif name in ("report", "doctor"):
             p.add_argument("run_dir", help="a run directory (or a pipeline directory of runs)")
     return parser
@@ -137,6 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: no partial output was kept; a PPO run resumes with --resume", file=sys.stderr)
         return 130
+    except RuntimeError as e:  # torch.distributed's errors are RuntimeErrors
+        lost = lost_peer(e)
+        if lost is None:
+            raise
+        print(f"error: {capped(lost)}", file=sys.stderr)
+        return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
         leave_process_group()
@@ -161,6 +221,40 @@ def leave_process_group() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def lost_peer(e: BaseException) -> str | None:
+    """What to say when a multi-process run lost a peer: `e` came from the network under the process group (a
+    connection a peer's kernel closed when its process died, or a collective that waited QUARTET_DIST_TIMEOUT for a
+    silent one). None for anything else, a bug to see whole. Names the peer by rank (2 processes: the other one) and
+    by the address the transport reports."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    text = str(e)
+    if not (isinstance(e, getattr(dist, "DistNetworkError", ())) or "/gloo/transport/" in text):
+        return None
+    rank, world = dist.get_rank(), dist.get_world_size()
+    address = re.search(r"\[([0-9A-Fa-f.:]+)\]:\d+", text)
+    waited = re.search(r"Timed out waiting (\d+)ms", text)
+    peer = f"rank {1 - rank}" if world == 2 else "a peer"
+    if address:
+        peer += f" (at {address.group(1)})"
+    elif world == 2 and rank == 1 and os.environ.get("MASTER_ADDR"):
+        peer += f" (at {os.environ['MASTER_ADDR']})"
+    if waited:
+        why = (f"it did not answer within {int(waited.group(1)) / 1000:g} s (QUARTET_DIST_TIMEOUT): its host is "
+               f"silent or its process stuck")
+    else:
+        first = re.sub(r"^\[[^\]]*\] ", "", text.strip().splitlines()[0]).split(". ")[0]  # gloo: "[pair.cc:537] ..."
+        why = f"its connection failed ({first}): its process or host is gone"
+    return (f"lost {peer} of this {world}-process run: {why}. Rank {rank} stops too; what was saved is intact: "
+            f"start the run again on every host (ppo, grpo, rloo: with --resume, from the newest checkpoint)")
+
+
+def _names(value: str) -> list[str]:
+    """--extra-tasks: comma-separated names."""
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _seconds_or_none(text: str) -> float | None:

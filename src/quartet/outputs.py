@@ -40,9 +40,9 @@ WRITES = {
     "dpo": (*_RUN, "model"),
     "ppo": (*_RUN, "model", "samples.jsonl", "checkpoints", "best", "critic", "value_head.safetensors",
             "findings.jsonl"),
-    "eval": (MARKER, "samples.jsonl", "eval.json"),
+    "eval": (MARKER, "samples.jsonl", "eval.json", "bad_cases.jsonl", "tasks"),
     "pipeline": (MARKER, "pipeline.yaml", "sft", "label", "rm", "ppo", "dpo", "eval", "summary.md", "report.html",
-                 "plots", "wandb"),
+                 "plots", "wandb", "rounds"),
 }
 """every name a stage writes directly inside its output folder (tests/trainers/test_reliability.py holds each
 stage to its list): `--overwrite` into a folder that is not the stage's run needs all of them absent, and a

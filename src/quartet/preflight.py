@@ -6,7 +6,8 @@ makes, so nothing here is a second copy of a check:
 
 - model names and dirs: `models.resolve_model` (config.json, tokenizer files, weight headers; nothing is loaded);
 - reward and judge specs: `rollout.scoring.check_reward_spec` (task names, `module:function` imports, trained
-  reward-model dirs);
+  reward-model dirs); an `llm:<model>` judge: `rollout.judging.check_llm_judge` (its settings and rubric file, then
+  the model resolved, or the server asked for its model list);
 - data: the stage's own schema loader (the file, every row and the fields the stage needs).
 
 A stage calls `check_names(stage, cfg)` first thing (its data it reads itself, before its model); `quartet run`
@@ -20,9 +21,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from quartet.config import DataConfig
+from quartet.config.stages import NO_JUDGE
 from quartet.data.schemas import load_preferences, load_prompts, load_samples, load_sft
 from quartet.errors import QuartetError
 from quartet.models.names import resolve_model
+from quartet.rollout.judging import check_llm_judge, is_llm_spec
 from quartet.rollout.scoring import check_reward_spec
 
 
@@ -36,6 +39,9 @@ class Input:
     """the loader's own check of ``value``"""
     data: bool = False
     """a data file (checked row by row by the stage's schema loader)"""
+    named: tuple[str, ...] = ()
+    """settings the check's own errors name first (an `llm:` judge's `label.llm_judge.base_url: ...`): such an
+    error is not prefixed with ``key`` again"""
 
 
 def stage_inputs(stage: str, cfg) -> list[Input]:
@@ -54,13 +60,22 @@ def stage_inputs(stage: str, cfg) -> list[Input]:
         if dcfg is not None:
             out.append(Input(f"{stage}.{key}.path", dcfg.path, lambda: loader(dcfg), data=True))
 
+    def llm_judge(spec: str, settings) -> None:
+        # the value is the model, so a judge an earlier stage of `quartet run` writes is skipped like a policy
+        out.append(Input(f"{stage}.judge", spec[len("llm:"):].strip() or spec,
+                         lambda: check_llm_judge(spec, settings, stage),
+                         named=(f"{stage}.judge", f"{stage}.llm_judge")))
+
     if stage == "sft":
         model("model", cfg.model)
         data("data", cfg.data, load_sft)
         data("eval_data", cfg.eval_data, load_sft)
     elif stage == "label":
         model("policy", cfg.policy)
-        reward("judge", cfg.judge)
+        if is_llm_spec(cfg.judge):
+            llm_judge(cfg.judge, cfg.llm_judge)
+        else:
+            reward("judge", None if cfg.judge == NO_JUDGE else cfg.judge)
         data("prompts", cfg.prompts, load_prompts)
     elif stage == "rm":
         model("model", cfg.model)
@@ -75,7 +90,11 @@ def stage_inputs(stage: str, cfg) -> list[Input]:
     elif stage == "ppo":
         for key in ("policy", "reference", "critic_init"):
             model(key, getattr(cfg, key))
-        reward("reward", cfg.reward)
+        if cfg.reward_funcs:  # in place of `reward`
+            for i, spec in enumerate(cfg.reward_funcs):
+                reward(f"reward_funcs[{i}]", spec)
+        else:
+            reward("reward", cfg.reward)
         reward("gold", cfg.gold)
         for name, spec in cfg.monitor_judges.items():
             reward(f"monitor_judges.{name}", spec)
@@ -88,6 +107,10 @@ def stage_inputs(stage: str, cfg) -> list[Input]:
     elif stage == "eval":
         prompts = DataConfig(path=cfg.prompts, limit=cfg.num_prompts)
         out.append(Input("eval.prompts", prompts.path, lambda: load_prompts(prompts), data=True))
+        for i, task in enumerate(cfg.extra_tasks):
+            reward(f"extra_tasks[{i}]", f"task:{task}")
+        if cfg.judge:
+            llm_judge(cfg.judge, cfg.llm_judge)
     else:
         raise ValueError(f"stage_inputs: unknown stage {stage!r}")
     return out
@@ -103,7 +126,7 @@ def check_inputs(inputs: Iterable[Input], skip: Iterable[str] = ()) -> None:
         try:
             item.check()
         except QuartetError as e:
-            raise type(e)(f"{item.key}: {e}") from None
+            raise type(e)(str(e) if str(e).startswith(item.named) else f"{item.key}: {e}") from None
 
 
 def check_names(stage: str, cfg) -> None:

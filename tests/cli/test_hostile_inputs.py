@@ -99,7 +99,7 @@ CASES = [
     Case("eval-seed-negative", ["eval", TINY, *EVAL, "--seed", "-1"], ["seed: must be in [0, 4294967295]"]),
     # ---- `quartet run`: every stage's inputs checked before the first stage starts
     Case("run-unknown-task", ["run", "pipe.yaml", "task=nope"],
-         ["pipeline.task: unknown task 'nope' (known tasks: positive-review, tiny-target)"],
+         ["pipeline.task: unknown task 'nope' (known tasks: arithmetic, constraints, positive-review, tiny-target)"],
          {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}, subprocess=True),
     Case("run-unknown-stage", ["run", "pipe.yaml", "stages=[sft, ppo2]"], ["stages: unknown stage 'ppo2'"],
          {"pipe.yaml": PIPELINE, "sft.jsonl": SFT_ROWS}),

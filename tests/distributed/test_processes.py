@@ -79,17 +79,48 @@ def _close_metrics(a: dict, b: dict) -> None:
 # tie is left with sequence returns that differ only by float noise in the KL, which the std division then
 # blows up to O(1): a property of std-normalised advantages, not of the process split.
 GRPO = ("advantage=grpo", "critic=none", "samples_per_prompt=4", "kl_in_reward=false", "kl_estimator=k3")
+CASES = {"ppo": ("ppo", ()), "grpo": ("ppo", GRPO), "sft": ("sft", ()), "rm": ("rm", ())}
+"""mp_driver's equivalence cases, all in one launch per side (cases_driver.py; rm last: it sets reward.CHUNK_ROWS).
+A launch starts in seconds and a case runs in one: 2 launches instead of 8. The one-process side is made once per
+session (conftest.py) and also checks two hosts (test_two_hosts.py)."""
+CASES_DRIVER = HERE / "cases_driver.py"
 
 
-@pytest.mark.parametrize("overrides", [(), GRPO], ids=["ppo", "grpo"])
-def test_two_processes_equal_one_for_the_policy_gradient_trainer(tmp_path, overrides):
-    a, b = one_vs_two(tmp_path, "ppo", *overrides)
+def write_cases(root: Path) -> tuple[Path, dict[str, Path]]:
+    """cases_driver.py's spec for CASES under `root`, and where each case's output will be."""
+    outs = {name: root / name / "out.pt" for name in CASES}
+    for path in outs.values():
+        path.parent.mkdir(parents=True)
+    spec = root / "cases.json"
+    spec.write_text(json.dumps([[stage, str(outs[name]), list(overrides)] for name, (stage, overrides) in
+                                CASES.items()]))
+    return spec, outs
+
+
+def run_cases(n: int, root: Path) -> dict[str, dict]:
+    spec, outs = write_cases(root)
+    run(n, str(CASES_DRIVER), str(spec))
+    return {name: torch.load(path) for name, path in outs.items()}
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> dict[str, dict]:
+    return run_cases(2, tmp_path_factory.mktemp("two-processes"))
+
+
+def assert_policy_gradients_equal(a: dict, b: dict) -> None:
+    """mp_driver's ppo outputs, one process (a) against N (b); test_two_hosts.py checks two hosts with it."""
     for it in range(2):  # two iterations: the second starts from the first's update
         assert torch.equal(a["response_ids"][it], b["response_ids"][it])  # the same samples
         assert torch.allclose(a["scores"][it], b["scores"][it], atol=1e-6)  # normalised over the whole batch
         assert torch.allclose(a["advantages"][it], b["advantages"][it], atol=1e-5)  # whitened over the whole batch
         _close_metrics(a["metrics"][it], b["metrics"][it])
     _assert_weights_close(a["weights"], b["weights"], PPO_WEIGHTS_ATOL, a["start"])
+
+
+@pytest.mark.parametrize("case", ["ppo", "grpo"])
+def test_two_processes_equal_one_for_the_policy_gradient_trainer(one_process, two_processes, case):
+    assert_policy_gradients_equal(one_process[case], two_processes[case])
 
 
 def test_two_processes_equal_one_with_the_shared_prompt_prefix(tmp_path):
@@ -110,14 +141,18 @@ def test_two_processes_equal_one_with_the_shared_prompt_prefix(tmp_path):
     _assert_weights_close(a["weights"], b["weights"], PPO_WEIGHTS_ATOL, a["start"])
 
 
-@pytest.mark.parametrize("stage", ["sft", "rm"])
-def test_two_processes_equal_one_for_sft_and_the_reward_model(tmp_path, stage):
-    """Micro-batches of different token counts on the two processes: the loss is still the global token mean."""
-    a, b = one_vs_two(tmp_path, stage)
+def assert_supervised_equal(a: dict, b: dict) -> None:
+    """mp_driver's sft or rm outputs, one process (a) against N (b); test_two_hosts.py checks two hosts with it."""
     assert a["steps"] == b["steps"] == [1, 2]
     for ma, mb in zip(a["metrics"], b["metrics"]):
         _close_metrics(ma, mb)
     _assert_weights_close(a["weights"], b["weights"], SUPERVISED_WEIGHTS_ATOL)
+
+
+@pytest.mark.parametrize("case", ["sft", "rm"])
+def test_two_processes_equal_one_for_sft_and_the_reward_model(one_process, two_processes, case):
+    """Micro-batches of different token counts on the two processes: the loss is still the global token mean."""
+    assert_supervised_equal(one_process[case], two_processes[case])
 
 
 PPO_ARGS = [f"policy={TINY}", "reward=task:tiny-target", "prompts.path=task:tiny-target/train",

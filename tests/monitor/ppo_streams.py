@@ -93,6 +93,8 @@ def broken_run(rule: str, n: int = 60, seed: int = 0) -> list[dict]:
             r["value/explained_variance"] = -0.4 + g(0, 0.05)
         elif rule == "truncation":
             r["rollout/eos_rate"] = 0.2 + g(0, 0.03)
+        elif rule == "no_group_signal":  # most of GRPO's groups all right or all wrong
+            r["rollout/zero_std_groups"] = min(0.75 + g(0, 0.05), 1.0)
         elif rule == "engine_mismatch":  # an engine falling behind the trained weights
             r["rollout/logprob_diff_mean"] = 0.02 + 0.3 * t + abs(g(0, 0.003))
             r["rollout/logprob_diff_max"] = 1.0 + 4 * t + abs(g(0, 0.2))

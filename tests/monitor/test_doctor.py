@@ -16,7 +16,7 @@ EXPECTED_RULES = {
     "nan", "grad_spike", "reward_flat_kl_zero", "kl_blowup", "negative_kl", "reward_hacking_length",
     "reward_hacking_repetition", "overoptimization", "entropy_collapse", "clipfrac_zero", "clipfrac_high",
     "value_loss_explosion", "value_loss_stuck", "explained_variance_negative", "truncation", "off_task_drift",
-    "engine_mismatch",
+    "engine_mismatch", "no_group_signal",
 }
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_registry():
-    assert list_tasks() == ["positive-review", "tiny-target"]
+    assert list_tasks() == ["arithmetic", "constraints", "positive-review", "tiny-target"]
     for name in list_tasks():
         task = get_task(name)
         assert task.name == name and task.description and callable(task.judge)

@@ -12,3 +12,9 @@ def letter(prompts, responses):
 def repeated_char(prompts, responses):
     """Pays for the count of the response's most common character: maximised by repeating one token."""
     return [max(Counter(r).values()) / 12.0 if r else 0.0 for r in responses]
+
+
+def has_digit(prompts, responses):
+    """1.0 when the response holds a digit, else 0.0: a right-or-wrong reward, whose groups are often all one or the
+    other (dynamic sampling's case)."""
+    return [float(any(c.isdigit() for c in r)) for r in responses]

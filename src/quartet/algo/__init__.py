@@ -6,6 +6,9 @@ and 0.0 on the padding after them.
 
 from quartet.algo.advantages import (
     GROUP_KINDS,
+    SCALES,
+    fill_groups,
+    flat_groups,
     gae,
     group_advantages,
     reinforce_advantages,
@@ -14,21 +17,25 @@ from quartet.algo.advantages import (
     remax_advantages,
     returns_to_go,
 )
-from quartet.algo.estimators import ESTIMATORS, AdvantageEstimator, get_estimator
+from quartet.algo.estimators import ESTIMATORS, SCALABLE, AdvantageEstimator, get_estimator
 from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
 from quartet.algo.logprobs import entropy_from_logits, gather_logprobs, logprobs_and_entropy
 from quartet.algo.losses import (
     AGGREGATIONS,
+    POLICY_LOSSES,
     RATIO_LEVELS,
     aggregate,
+    cispo_loss,
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
+    kept_rows_scale,
 )
 from quartet.algo.offpolicy import logprob_gap, truncated_importance_weights
 from quartet.algo.positions import position_ids_from_mask
 from quartet.algo.preference import PREFERENCE_LOSSES, preference_loss
 from quartet.algo.sampling import inverse_cdf, nucleus
+from quartet.algo.shaping import overlong_penalty
 from quartet.algo.stats import (
     check_mask,
     last_token_index,
@@ -42,7 +49,10 @@ __all__ = [
     "AGGREGATIONS",
     "ESTIMATORS",
     "GROUP_KINDS",
+    "POLICY_LOSSES",
     "RATIO_LEVELS",
+    "SCALABLE",
+    "SCALES",
     "AdvantageEstimator",
     "get_estimator",
     "group_advantages",
@@ -56,13 +66,17 @@ __all__ = [
     "FixedKL",
     "aggregate",
     "check_mask",
+    "cispo_loss",
     "clipped_policy_loss",
     "clipped_value_loss",
     "entropy_from_logits",
     "inverse_cdf",
     "explained_variance",
+    "fill_groups",
+    "flat_groups",
     "gae",
     "gather_logprobs",
+    "kept_rows_scale",
     "kl_estimate",
     "last_token_index",
     "logprob_gap",
@@ -72,6 +86,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "nucleus",
+    "overlong_penalty",
     "position_ids_from_mask",
     "preference_loss",
     "reinforce_advantages",

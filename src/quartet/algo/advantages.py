@@ -50,6 +50,7 @@ def reinforce_advantages(
 # ---------------------------------------------------------------------------- critic-free estimators
 # Scores and sequence returns are (N,) with the G samples of one prompt contiguous (N = prompts x G).
 GROUP_KINDS = ("grpo", "dr_grpo", "rloo")
+SCALES = ("group", "batch", "none")
 
 
 def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -58,7 +59,8 @@ def _groups(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return x.reshape(-1, group_size)
 
 
-def group_advantages(scores: torch.Tensor, group_size: int, kind: str, eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(scores: torch.Tensor, group_size: int, kind: str, eps: float = 1e-6,
+                     scale: str | None = None) -> torch.Tensor:
     """One advantage per sample from the other samples of its prompt's group. scores: (N,) -> (N,).
 
     "grpo": (r - mean_G) / (std_G + eps) with the unbiased std (Shao et al. 2024, DeepSeekMath; as veRL
@@ -67,22 +69,47 @@ def group_advantages(scores: torch.Tensor, group_size: int, kind: str, eps: floa
             weights easy and hard prompts unequally);
     "rloo": r_i - mean of the other G - 1 samples (Ahmadian et al. 2024, "Back to Basics"), an unbiased
             baseline; equals G / (G - 1) * (r_i - mean_G).
+    `scale` (TRL's scale_rewards) sets the divisor of r - mean_G for grpo and dr_grpo: "group" (grpo's std_G),
+    "batch" (the unbiased std of all N scores: the group's mean, the batch's scale, as "Tricks or Traps? A Deep
+    Dive into RL for LLM Reasoning", Liu et al. 2025, recommend), "none" (dr_grpo's); None: the kind's own.
     A group whose scores are all equal gets advantage 0 (never NaN).
     """
     if kind not in GROUP_KINDS:
         raise ValueError(f"unknown group advantage {kind!r}; expected one of {', '.join(GROUP_KINDS)}")
     if kind != "dr_grpo" and group_size < 2:
         raise ValueError(f"{kind} needs a group of at least 2 samples per prompt, got {group_size}")
+    if scale is not None and (kind == "rloo" or scale not in SCALES):
+        raise ValueError(f"scale {scale!r} applies to grpo and dr_grpo only, and is one of {', '.join(SCALES)}")
     g = _groups(scores, group_size)
     mean = g.mean(dim=1, keepdim=True)
-    if kind == "dr_grpo":
-        adv = g - mean
-    elif kind == "rloo":
+    scale = scale or {"grpo": "group", "dr_grpo": "none"}.get(kind)
+    if kind == "rloo":
         adv = g - (g.sum(dim=1, keepdim=True) - g) / (group_size - 1)
+    elif scale == "none":
+        adv = g - mean
+    elif scale == "batch":
+        adv = (g - mean) / (scores.std(unbiased=True) + eps)
     else:
         adv = (g - mean) / (g.std(dim=1, keepdim=True, unbiased=True) + eps)
-    same = (g == g[:, :1]).all(dim=1, keepdim=True)
-    return torch.where(same, torch.zeros_like(adv), adv).reshape(-1)
+    return torch.where(flat_groups(scores, group_size).unsqueeze(1), torch.zeros_like(adv), adv).reshape(-1)
+
+
+def flat_groups(scores: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(N,) scores -> (N / G,) bool: the groups whose G scores are all equal. Their group advantage is 0: with a
+    right-or-wrong reward they are the prompts every sample solved or every sample failed, which teach nothing
+    (DAPO's dynamic sampling drops them, Yu et al. 2025)."""
+    g = _groups(scores, group_size)
+    return (g == g[:, :1]).all(dim=1)
+
+
+def fill_groups(flat: torch.Tensor, target: int) -> torch.Tensor:
+    """DAPO's dynamic-sampling choice: (groups sampled,) bool `flat_groups` over every round in sampling order ->
+    the indices of the `target` groups to train on, in sampling order: the groups with signal first come first
+    served, then, when too few were found, the first flat ones (advantage 0: the batch keeps its size)."""
+    order = torch.cat([(~flat).nonzero().flatten(), flat.nonzero().flatten()])
+    if len(order) < target:
+        raise ValueError(f"fill_groups: {len(order)} groups sampled, {target} needed")
+    return order[:target].sort().values
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

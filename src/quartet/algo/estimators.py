@@ -45,13 +45,17 @@ class AdvantageEstimator:
         GAE (the metrics' `stage` stays "ppo" for them all: code keys on it)"""
         return "ppo" if self.name == "gae" else self.name
 
-    def __call__(self, rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, greedy_scores=None):
+    def __call__(self, rewards, mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, greedy_scores=None,
+                 scale_rewards=None):
+        """`scale_rewards`: grpo's and dr_grpo's divisor (`group_advantages`' scale; None: the estimator's own)."""
         if self.needs_critic and values is None:
             raise ValueError(f"advantage '{self.name}' needs values from a critic")
         if self.needs_greedy and greedy_scores is None:
             raise ValueError(f"advantage '{self.name}' needs the greedy responses' scores")
+        if scale_rewards is not None and self.name not in SCALABLE:
+            raise ValueError(f"scale_rewards applies to {' and '.join(SCALABLE)}, not to advantage '{self.name}'")
         return self.fn(rewards, mask, values=values, group_size=group_size, gamma=gamma, lam=lam,
-                       greedy_scores=greedy_scores)
+                       greedy_scores=greedy_scores, scale_rewards=scale_rewards)
 
 
 def _gae(rewards, mask, *, values, gamma, lam, **_):
@@ -59,9 +63,9 @@ def _gae(rewards, mask, *, values, gamma, lam, **_):
 
 
 def _group(kind: str):
-    def fn(rewards, mask, *, group_size, **_):
+    def fn(rewards, mask, *, group_size, scale_rewards=None, **_):
         seq = masked_sum(rewards, mask, dim=1)  # (B,) sequence return: score - beta * KL when KL is in the reward
-        adv = group_advantages(seq, group_size, kind)
+        adv = group_advantages(seq, group_size, kind, scale=scale_rewards)
         return adv.unsqueeze(1) * mask, seq.unsqueeze(1) * mask
 
     return fn
@@ -80,6 +84,9 @@ def _remax(rewards, mask, *, greedy_scores, **_):
     rtg = returns_to_go(rewards, mask, 1.0)
     return (rtg - greedy_scores.to(rtg.dtype).unsqueeze(1)) * mask, rtg
 
+
+SCALABLE = ("grpo", "dr_grpo")
+"""the estimators whose advantage is r - mean_G over a divisor that `scale_rewards` (TRL's name) chooses"""
 
 ESTIMATORS: dict[str, AdvantageEstimator] = {
     e.name: e

@@ -34,15 +34,21 @@ def token_rewards(
     mask: torch.Tensor,
     kl_coef: float,
     kind: str = "k1",
+    length_coef: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RLHF token reward (Ziegler et al. 2019; InstructGPT): r_t = -beta * KL_t, plus the score at the last token.
 
+    `length_coef` c: every response token also pays c, beside the KL term, so a sequence's return falls by c x its
+    length: a length penalty in the reward, which every estimator sees (a verbosity control, e.g. c = 1e-3 per
+    token against answers that pad themselves for a judge).
     scores: (B,) sequence score; logprobs, ref_logprobs, mask: (B, R).
     Returns (rewards, kl), both (B, R) and 0 on padding.
     """
     check_mask(mask)
     kl = kl_estimate(logprobs, ref_logprobs, kind) * mask
     rewards = -kl_coef * kl
+    if length_coef:
+        rewards = rewards - length_coef * mask
     last = last_token_index(mask)
     rows = torch.arange(rewards.shape[0], device=rewards.device)
     rewards[rows, last] += scores.to(rewards.dtype)

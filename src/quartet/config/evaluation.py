@@ -6,9 +6,9 @@ quartet.eval.evaluate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from quartet.config.shared import JUDGE_TIMEOUT
+from quartet.config.shared import JUDGE_TIMEOUT, LLMJudgeConfig
 from quartet.config.validators import non_negative, number, positive, seed
 from quartet.errors import ConfigError
 
@@ -59,6 +59,19 @@ class EvalConfig:
     judge_timeout: float | None = JUDGE_TIMEOUT
     """seconds one call of a user's `module:function` judge (gold, relevance) may take before eval stops with an
     error naming it; null = no bound, the function called on the main thread (quartet.judges.bounded)"""
+    judge: str | None = None
+    """`llm:<model>`: a judged win rate of each checkpoint against the baseline, every (prompt, sample) pair judged
+    in both orders (ties half, a bootstrap CI over prompts); null: not measured"""
+    llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)
+    """how that judge judges: rubric, mode, local model or OpenAI-compatible server, verdict cache"""
+    bad_cases: int = 32
+    """prompts written to `<out>/bad_cases.jsonl` for the next round of feedback (`quartet label prompts.path=...`):
+    the last checkpoint's lowest scores, its largest reward-model/gold disagreements and its regressions against
+    the baseline, in turn (quartet.eval.bad_cases); 0 = none"""
+    extra_tasks: list = field(default_factory=list)
+    """built-in tasks every checkpoint is also evaluated on (each task's eval split, num_prompts of it, its gold
+    judge; the same sampling): what training for one task cost on others, the alignment tax. Reported in eval.json
+    under `tasks`, samples in `<out>/tasks/<task>/samples.jsonl`; e.g. [constraints, arithmetic]"""
 
     def validate(self, where: str | None = None) -> None:
         """`where`: the section's name in a pipeline config (`eval`), which prefixes each message."""
@@ -83,3 +96,14 @@ class EvalConfig:
             raise ConfigError(f"{at('engine')}: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.judge_timeout is not None:
             positive(self.judge_timeout, at("judge_timeout"))
+        if self.judge is not None and (not isinstance(self.judge, str) or not self.judge.startswith("llm:")
+                                       or not self.judge[len("llm:"):].strip()):
+            raise ConfigError(f"{at('judge')}: must be llm:<model> (a model dir, a .gguf, smollm2-135m-instruct, "
+                              f"or the server's model name), got {self.judge!r}")
+        self.llm_judge.validate(at("llm_judge"))
+        non_negative(self.bad_cases, at("bad_cases"))
+        if not isinstance(self.extra_tasks, list) or not all(isinstance(t, str) and t for t in self.extra_tasks):
+            raise ConfigError(f"{at('extra_tasks')}: must be a list of built-in task names, got {self.extra_tasks!r}")
+        repeated = [t for i, t in enumerate(self.extra_tasks) if t in self.extra_tasks[:i]]
+        if repeated:
+            raise ConfigError(f"{at('extra_tasks')}: names {repeated[0]!r} twice")

@@ -191,3 +191,90 @@ class TrackingConfig:
             if name != "tensorboard" and importlib.util.find_spec(name) is None:
                 raise ConfigError(f"{where}.report_to: {name} is not installed: pip install 'quartet[{name}]'")
 
+
+
+LLM_JUDGE_MODES = ("pairwise", "pointwise")
+LLM_JUDGE_BACKENDS = ("auto", "local", "openai")
+LLM_JUDGE_ORDERS = ("agree", "average")
+LLM_JUDGE_DTYPES = ("auto", "bf16", "fp32")
+
+
+@dataclass
+class LLMJudgeConfig:
+    """How an `llm:<model>` judge reads answers (quartet.judges.llm): its principles, its question, where it runs."""
+
+    rubric: str | None = None
+    """the principles answers are judged by: the text itself, or the path of a .txt/.md file of them (one
+    principle per line); null = the task's own rubric, else a generic one (helpful, honest, harmless, on-topic,
+    concise)"""
+    mode: Literal["pairwise", "pointwise"] = "pairwise"
+    """pairwise: "which answer is better, A or B?" (log-odds of the two letters); pointwise: each answer rated 1-9
+    alone (the expected rating), a pair compared by the difference"""
+    orders: Literal["agree", "average"] = "agree"
+    """how a pair's two verdicts (each order of the answers) make one: agree = a winner only when both orders pick
+    the same answer, else a tie; average = the two orders' log-odds averaged (RLAIF, Lee et al. 2023), a winner
+    when they lean either way: a judge that mostly picks one position then still ranks by what is left"""
+    backend: Literal["auto", "local", "openai"] = "auto"
+    """local: the model loaded here (a dir, a .gguf, smollm2-135m-instruct, tiny:...); openai: an OpenAI-compatible
+    server at base_url (vllm serve, llama.cpp's server, Ollama); auto: openai when base_url is set, else local"""
+    base_url: str | None = None
+    """the server's API root, e.g. http://127.0.0.1:8000/v1 (the openai backend only)"""
+    api_key_env: str = "OPENAI_API_KEY"
+    """name of the environment variable holding the server's key (may be unset for a local server); the key itself
+    is never written in a config"""
+    timeout: float = 60.0
+    """seconds one HTTP request may take before it is retried"""
+    max_retries: int = 5
+    """retries of a request that failed with 429, a 5xx or a dropped connection (exponential backoff with jitter,
+    Retry-After honoured); then the stage stops with an error"""
+    max_in_flight: int = 8
+    """HTTP requests sent at once"""
+    batch_size: int = 16
+    """local backend: pairs (pointwise: answers) in one forward"""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """local backend: the judge model's weights and compute (log-probs are taken in fp32 either way); auto = bf16
+    where the hardware computes it natively (a GPU, a CPU with AVX-512 BF16 or AMX), else fp32. Part of the
+    judge's name, so fp32 and bf16 verdicts are never read back as each other's"""
+    cache: str | None = "auto"
+    """SQLite file of the verdicts, so a rerun or a resume pays for none twice: "auto" = verdicts.sqlite in the stage's
+    output folder; a path; null = no cache"""
+
+    def validate(self, where: str) -> None:
+        if self.mode not in LLM_JUDGE_MODES:
+            raise ConfigError(f"{where}.mode: must be one of {', '.join(LLM_JUDGE_MODES)}, got {self.mode!r}")
+        if self.backend not in LLM_JUDGE_BACKENDS:
+            raise ConfigError(f"{where}.backend: must be one of {', '.join(LLM_JUDGE_BACKENDS)}, "
+                              f"got {self.backend!r}")
+        if self.orders not in LLM_JUDGE_ORDERS:
+            raise ConfigError(f"{where}.orders: must be one of {', '.join(LLM_JUDGE_ORDERS)}, got {self.orders!r}")
+        if self.dtype not in LLM_JUDGE_DTYPES:
+            raise ConfigError(f"{where}.dtype: must be one of {', '.join(LLM_JUDGE_DTYPES)}, got {self.dtype!r}")
+        if self.rubric is not None and (not isinstance(self.rubric, str) or not self.rubric.strip()):
+            raise ConfigError(f"{where}.rubric: must be the principles' text or a file path (null: the task's "
+                              f"own), got {self.rubric!r}")
+        if self.base_url is not None:
+            if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
+                raise ConfigError(f"{where}.base_url: must be an http:// or https:// URL (e.g. "
+                                  f"http://127.0.0.1:8000/v1), got {self.base_url!r}")
+            if self.backend == "local":
+                raise ConfigError(f"{where}.base_url: is set but backend is local (the model is loaded here); "
+                                  f"remove base_url or set backend: openai")
+        elif self.backend == "openai":
+            raise ConfigError(f"{where}.base_url: the openai backend needs the server's URL (e.g. "
+                              f"http://127.0.0.1:8000/v1)")
+        if not isinstance(self.api_key_env, str) or not self.api_key_env.isidentifier():
+            raise ConfigError(f"{where}.api_key_env: must be the name of an environment variable (e.g. "
+                              f"OPENAI_API_KEY), got {self.api_key_env!r}")
+        positive(self.timeout, f"{where}.timeout")
+        non_negative(self.max_retries, f"{where}.max_retries")
+        positive(self.max_in_flight, f"{where}.max_in_flight")
+        positive(self.batch_size, f"{where}.batch_size")
+        if self.cache is not None and (not isinstance(self.cache, str) or not self.cache.strip()):
+            raise ConfigError(f"{where}.cache: must be \"auto\", a file path or null, got {self.cache!r}")
+
+    @property
+    def resolved_backend(self) -> str:
+        """"local" or "openai" (auto: openai when base_url is set, else local)."""
+        if self.backend != "auto":
+            return self.backend
+        return "openai" if self.base_url else "local"

@@ -4,15 +4,17 @@ the shared sub-configs, each field documented by the string under it (quartet.co
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
-from quartet.algo.estimators import ESTIMATORS
+from quartet.algo.estimators import ESTIMATORS, SCALABLE
 from quartet.config.shared import (
     JUDGE_TIMEOUT,
     DataConfig,
     GenerationConfig,
+    LLMJudgeConfig,
     LoraConfig,
     OptimConfig,
     Precision,
@@ -20,7 +22,7 @@ from quartet.config.shared import (
     largest_divisor_upto,
     resolve_lr,
 )
-from quartet.config.validators import in_range, non_negative, positive
+from quartet.config.validators import in_range, non_negative, number, positive
 from quartet.errors import ConfigError
 
 
@@ -71,6 +73,10 @@ class SFTConfig:
             positive(getattr(self, name), f"{where}.{name}")
 
 
+NO_JUDGE = "none"
+"""`label.judge` that samples only: people judge the answers (`quartet annotate`), no function does"""
+
+
 @dataclass
 class LabelConfig:
     policy: str = "smollm2-135m-instruct"
@@ -79,10 +85,14 @@ class LabelConfig:
     """prompts to answer"""
     judge: str = "task:positive-review"
     """reward function: `task:<name>` (its gold judge), `task:<name>/<judge>` (e.g. positive-review/on-task),
-    `judge:<name>`, `module:function`, a gate/sum/min of these (quartet.judges), or a reward-model dir"""
+    `judge:<name>`, `module:function`, a gate/sum/min of these (quartet.judges), or a reward-model dir; `none`:
+    sample only, writing the answers file (score null) and no pairs, for people to rank (`quartet annotate`)"""
     judge_timeout: float | None = JUDGE_TIMEOUT
     """seconds one call of a user's `module:function` judge may take before the stage stops with an error naming
     it; null = no bound, the function called on the main thread (quartet.judges.bounded)"""
+    llm_judge: LLMJudgeConfig = field(default_factory=LLMJudgeConfig)
+    """how a `judge: llm:<model>` judges: rubric, pairwise or pointwise, local model or OpenAI-compatible server,
+    verdict cache (the K answers are ranked by their wins over all pairs, each judged in both orders)"""
     num_samples: int = 4
     """K answers per prompt"""
     generation: GenerationConfig = field(default_factory=lambda: GenerationConfig(temperature=1.0))
@@ -137,6 +147,10 @@ class RewardConfig:
     """subtract a `margin` column from the reward difference (Llama-2 style margin loss)"""
     center_coef: float = 0.0
     """weight of the reward-centering term coef * (r_chosen + r_rejected)^2"""
+    group_by_prompt: bool = False
+    """keep all pairs of one prompt in one batch, each prompt weighing the same in the loss (InstructGPT sec. 3.5: the
+    K(K-1)/2 comparisons of one ranking, shuffled apart into different batches, made the RM overfit in one epoch);
+    batch_size then caps the pairs per batch, and a prompt with more pairs is a batch of its own"""
     normalize_policy: str | None = None
     """after training, shift/scale the head so this policy's responses score mean 0, std 1"""
     normalize_prompts: DataConfig | None = None
@@ -250,6 +264,28 @@ PPO_METRICS = (
 tests/trainers/test_reliability.py holds both to what the trainer writes)"""
 
 
+def reward_term_names(specs: list) -> list[str]:
+    """The metric name of each reward_funcs spec, in order: reward_<what the spec names> (`task:arithmetic/format`
+    -> reward_arithmetic_format, `judge:vader` -> reward_vader, `my_rewards:accuracy` -> reward_accuracy, a Python
+    API callable `memory:accuracy.3` -> reward_accuracy, a directory -> its path), made unique with _2, _3 ..."""
+    names, seen = [], set()
+    for spec in specs:
+        text = str(spec).strip()
+        if text.startswith("memory:"):  # a callable given in Python: its label, without the registry's counter
+            text = text[len("memory:"):].rsplit(".", 1)[0]
+        elif text.startswith(("task:", "judge:")):
+            text = text.split(":", 1)[1]
+        elif re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", text):  # module:function
+            text = text.rsplit(":", 1)[1].rsplit(".", 1)[-1]
+        base = "reward_" + (re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_") or "fn")
+        name, k = base, 2
+        while name in seen:
+            name, k = f"{base}_{k}", k + 1
+        seen.add(name)
+        names.append(name)
+    return names
+
+
 @dataclass
 class PPOConfig:
     policy: str = "smollm2-135m-instruct"
@@ -258,7 +294,15 @@ class PPOConfig:
     """frozen Reference model; default: the starting policy (adapter-disabled when LoRA is on)"""
     reward: str = "task:positive-review"
     """reward-model dir, `module:function` callable, `task:<name>` gold judge, `task:<name>/<judge>`,
-    `judge:<name>`, or a gate/sum/min combination of judges (quartet.judges)"""
+    `judge:<name>`, or a gate/sum/min combination of judges (quartet.judges); several with weights: reward_funcs"""
+    reward_funcs: list = field(default_factory=list)
+    """the reward as a weighted list of specs, in place of `reward` (TRL's reward_funcs): each any spec `reward`
+    takes, a reward-model dir included; the score optimised is sum_i reward_weights[i] x reward_funcs[i], and each
+    term is logged on its own as rollout/reward_<name> (and in samples.jsonl), computed once per rollout. <name>
+    comes from the spec: a task's or judge's name (`task:arithmetic/format` -> reward_arithmetic_format), a
+    `module:function`'s function, a directory's path; _2, _3 ... where two would be the same"""
+    reward_weights: list | None = None
+    """one weight per reward_funcs entry (TRL's reward_weights); null: 1.0 each"""
     gold: str | None = None
     """a second judge logged as objective/gold next to the proxy reward (e.g. the task's gold judge when a
     reward model is trained on it), so the doctor can catch over-optimisation; never optimised"""
@@ -275,6 +319,15 @@ class PPOConfig:
     remax = greedy-response baseline"""
     samples_per_prompt: int = 1
     """G: responses sampled per prompt (>= 2 for the group estimators)"""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (Yu et al. 2025): the groups whose G scores are all equal (every sample right, or
+    every one wrong: advantage 0, no signal) are dropped and more prompts are sampled, in rounds of
+    rollout_batch_size prompts, until the batch holds rollout_batch_size groups with signal; a group estimator only.
+    rollout/dropped_groups logs the share of sampled groups dropped, rollout/sampling_rounds the rounds. Works under
+    N processes as under one (each round is gathered before the choice)"""
+    dynamic_sampling_rounds: int = 4
+    """the most rounds of sampling per iteration, the first included (veRL's max_num_gen_batches); a batch still short
+    after them is filled with the groups dropped first, so every iteration trains on rollout_batch_size groups"""
     critic: Literal["shared", "separate", "none"] | None = None
     """value head on the Actor's backbone ("shared"), a separate model ("separate"), or none; null: none for the
     critic-free estimators, and for gae shared when LoRA is on (the value head trains on the LoRA actor's
@@ -306,6 +359,16 @@ class PPOConfig:
     """actor sampling settings"""
     clip: float = 0.2
     """policy ratio clip epsilon"""
+    clip_low: float | None = None
+    """the ratio's lower clip epsilon: clipped below at 1 - clip_low; null: `clip`"""
+    clip_high: float | None = None
+    """the ratio's upper clip epsilon: clipped above at 1 + clip_high; null: `clip`. Above clip_low it is DAPO's
+    clip-higher (Yu et al. 2025 use 0.28 with clip_low 0.2; TRL's epsilon_high): unlikely tokens may gain more
+    before they clip, which keeps the entropy from collapsing"""
+    dual_clip: float | None = None
+    """dual-clip c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games"): where the advantage is negative
+    the policy loss is also capped at c x |A|, so a token whose ratio grew far above 1 cannot make one update's
+    loss unbounded (veRL's clip_ratio_c, 3.0); null: off. Logs policy/dual_clipfrac"""
     value_clip: float | None = 0.2
     """value clip range around the old values; null = plain MSE"""
     vf_coef: float = 0.1
@@ -328,13 +391,31 @@ class PPOConfig:
     """adaptive controller's target KL per sequence"""
     kl_horizon: int = 10000
     """adaptive controller's horizon (in sequences)"""
+    length_penalty: float = 0.0
+    """per response token, subtracted from each token's reward beside the KL term (so a sequence's return falls by
+    length_penalty x its length), whatever kl_in_reward says: a verbosity control, e.g. 0.001; logs
+    objective/length_penalty (the mean over sequences of -length_penalty x length). 0: off"""
     whiten_advantages: bool | None = None
     """whiten advantages over the rollout batch; default: the estimator's own choice (gae and reinforce_pp yes,
     the group estimators and remax no)"""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """what grpo and dr_grpo divide r - mean_G by (TRL's scale_rewards): group = the std of the prompt's G samples
+    (GRPO, Shao et al. 2024), batch = the std of the whole batch's rewards (Liu et al. 2025, "Tricks or Traps?": no
+    extra weight on prompts whose samples barely differ), none = no division (Dr. GRPO); null: the estimator's own
+    (grpo: group, dr_grpo: none)"""
     ratio_level: Literal["token", "sequence"] = "token"
     """policy ratio per token (PPO), or GSPO's length-normalised sequence ratio"""
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """how per-token losses are averaged (seq-mean-token-sum-norm: Dr.GRPO's constant max_new_tokens normaliser)"""
+    policy_loss: Literal["ppo", "cispo"] = "ppo"
+    """ppo: the clipped surrogate (clip, clip_low, clip_high, dual_clip); cispo: MiniMax-M1's CISPO (MiniMax 2025;
+    TRL's loss_type: cispo): the importance weight is clipped and its gradient stopped, times the advantage times the
+    log-prob, so no token loses its gradient to the clip (cispo_min_weight, cispo_max_weight); quartet.algo.POLICY_LOSSES"""
+    cispo_max_weight: float = 5.0
+    """CISPO's upper bound on the importance weight pi / pi_old (1 + epsilon_high in MiniMax-M1; 5.0 is the value TRL
+    recommends for its cispo, after ScaleRL)"""
+    cispo_min_weight: float | None = None
+    """CISPO's lower bound on the importance weight; null: none (MiniMax-M1 leaves it unbounded)"""
     tis_cap: float | None = None
     """truncated importance sampling: weight each token's policy loss by min(pi_train / pi_engine, tis_cap), e.g.
     2.0 (TRL's and veRL's TIS); needs an engine that returns its own log-probs (generation.engine: vllm)"""
@@ -344,6 +425,18 @@ class PPOConfig:
     """clip (normalised) scores to [-c, c]"""
     missing_eos_penalty: float | None = None
     """subtract this from the score of responses that never emitted EOS"""
+    mask_truncated_completions: bool = False
+    """responses cut at generation.max_new_tokens (no EOS) leave the actor's loss (policy, entropy and KL terms),
+    whose mean is then over the other responses (DAPO's overlong filtering; TRL's mask_truncated_completions): an
+    unfinished answer's score says little about its tokens. The critic still fits their returns. Still scored and
+    counted in the group baselines; with missing_eos_penalty as well, the penalty only moves their group's mean"""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13): a response longer than max_new_tokens -
+    overlong_buffer tokens loses overlong_penalty x (length - (max_new_tokens - overlong_buffer)) / overlong_buffer
+    from its score, so one that reaches the limit loses overlong_penalty; added to missing_eos_penalty for a
+    truncated one, before normalisation and clipping. Logs objective/overlong_penalty. 0: off"""
+    overlong_penalty: float = 1.0
+    """the score a response at the generation limit loses under overlong_buffer (veRL's penalty_factor)"""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(adam_eps=1e-5, warmup_steps=0))
     """actor optimizer and schedule; optim.lr unset: 1e-5, or 1e-4 with LoRA (LR_DEFAULTS). A resume that changes
     `iterations` rebuilds the schedule over the new length from the step reached (see `iterations`)"""
@@ -474,6 +567,8 @@ class PPOConfig:
         if self.critic_warmup >= self.iterations:
             raise ConfigError(f"{where}.critic_warmup: {self.critic_warmup} must be below iterations "
                               f"({self.iterations}), or the actor never trains")
+        self._validate_rewards(where)
+        self._validate_knobs(where)
         if self.tis_cap is not None:
             positive(self.tis_cap, f"{where}.tis_cap")
             if self.generation.engine == "hf":
@@ -481,6 +576,85 @@ class PPOConfig:
                     f"{where}.tis_cap: the hf engine returns no log-probs of its own to correct against; "
                     f"use generation.engine: vllm or remove tis_cap"
                 )
+
+    def _validate_rewards(self, where: str) -> None:
+        """reward_funcs / reward_weights: spec strings, one finite weight each, given instead of `reward`."""
+        if self.reward_weights is not None and not self.reward_funcs:
+            raise ConfigError(f"{where}.reward_weights: given without reward_funcs (one weight per reward function)")
+        if not self.reward_funcs:
+            return
+        if self.reward != PPOConfig.reward:
+            raise ConfigError(f"{where}.reward_funcs: give the reward once, as `reward` (one spec) or as "
+                              f"`reward_funcs` (a weighted list), not both (reward: {self.reward})")
+        for i, spec in enumerate(self.reward_funcs):
+            if not isinstance(spec, str) or not spec.strip():
+                raise ConfigError(f"{where}.reward_funcs[{i}]: must be a reward spec string, got {spec!r}")
+        if self.reward_weights is not None:
+            if len(self.reward_weights) != len(self.reward_funcs):
+                raise ConfigError(f"{where}.reward_weights: {len(self.reward_weights)} weights for "
+                                  f"{len(self.reward_funcs)} reward functions (one each)")
+            for i, w in enumerate(self.reward_weights):
+                number(w, f"{where}.reward_weights[{i}]")
+        clash = sorted(set(self.monitor_judges) & set(self.reward_terms))
+        if clash:
+            raise ConfigError(f"{where}.monitor_judges: {clash[0]} is also a reward_funcs term's name (both would be "
+                              f"logged as rollout/{clash[0]}); rename the monitor judge")
+
+    def _validate_knobs(self, where: str) -> None:
+        """The reasoning-RL knobs (issue 39): clip bounds, CISPO, dynamic sampling, overlong handling, length
+        penalty, reward scaling."""
+        if self.clip_low is not None:
+            in_range(self.clip_low, 1e-6, 1.0, f"{where}.clip_low")
+        if self.clip_high is not None:
+            in_range(self.clip_high, 1e-6, 10.0, f"{where}.clip_high")
+        if self.dual_clip is not None:
+            number(self.dual_clip, f"{where}.dual_clip")
+            if not self.dual_clip > 1:
+                raise ConfigError(f"{where}.dual_clip: must be > 1 (the cap c x |A| on a negative advantage's loss), "
+                                  f"got {self.dual_clip!r}")
+        ppo_only = [n for n in ("clip_low", "clip_high", "dual_clip") if getattr(self, n) is not None]
+        if self.policy_loss == "cispo" and ppo_only:
+            raise ConfigError(f"{where}.{ppo_only[0]}: bounds PPO's clipped ratio, which policy_loss: cispo does not "
+                              f"use; CISPO's bounds are cispo_min_weight and cispo_max_weight")
+        number(self.cispo_max_weight, f"{where}.cispo_max_weight")
+        if not self.cispo_max_weight >= 1:
+            raise ConfigError(f"{where}.cispo_max_weight: must be >= 1 (the weight of an unchanged policy is 1), "
+                              f"got {self.cispo_max_weight!r}")
+        if self.cispo_min_weight is not None:
+            in_range(self.cispo_min_weight, 0.0, 1.0, f"{where}.cispo_min_weight")
+        if self.scale_rewards is not None and self.advantage not in SCALABLE:
+            raise ConfigError(f"{where}.scale_rewards: divides grpo's and dr_grpo's r - mean of the group; advantage "
+                              f"'{self.advantage}' has no such division (remove scale_rewards)")
+        if self.dynamic_sampling and not ESTIMATORS[self.advantage].group:
+            raise ConfigError(f"{where}.dynamic_sampling: drops groups of samples whose scores are all equal, which "
+                              f"carry no signal only for a group estimator (grpo, dr_grpo, rloo, "
+                              f"reinforce_pp_baseline), not advantage '{self.advantage}'")
+        positive(self.dynamic_sampling_rounds, f"{where}.dynamic_sampling_rounds")
+        non_negative(self.overlong_buffer, f"{where}.overlong_buffer")
+        if self.overlong_buffer > self.generation.max_new_tokens:
+            raise ConfigError(f"{where}.overlong_buffer: {self.overlong_buffer} tokens is more than "
+                              f"generation.max_new_tokens ({self.generation.max_new_tokens})")
+        non_negative(self.overlong_penalty, f"{where}.overlong_penalty")
+        non_negative(self.length_penalty, f"{where}.length_penalty")
+
+    @property
+    def reward_terms(self) -> dict[str, str]:
+        """rollout/<name> -> spec of each reward_funcs term, in order (`reward_term_names`); {} with one `reward`"""
+        return dict(zip(reward_term_names(self.reward_funcs), self.reward_funcs))
+
+    @property
+    def reward_text(self) -> str:
+        """what is optimised, for summaries and model cards: `reward`, or reward_funcs as their weighted sum"""
+        if not self.reward_funcs:
+            return self.reward
+        weights = self.reward_weights or [1.0] * len(self.reward_funcs)
+        return " + ".join(f"{w:g} x {spec}" for w, spec in zip(weights, self.reward_funcs))
+
+    @property
+    def ratio_clip(self) -> tuple[float, float]:
+        """(lower, upper) clip epsilons of the PPO ratio, `clip` where clip_low / clip_high are unset"""
+        return (self.clip if self.clip_low is None else self.clip_low,
+                self.clip if self.clip_high is None else self.clip_high)
 
     @property
     def grad_accum(self) -> int:
@@ -525,6 +699,17 @@ class PPOConfig:
         if self.gold is not None:
             keys.append("objective/gold")
         keys += [f"rollout/{name}" for name in self.monitor_judges]
+        keys += [f"rollout/{name}" for name in self.reward_terms]
+        if self.samples_per_prompt >= 2:
+            keys.append("rollout/zero_std_groups")
+        if self.dynamic_sampling:
+            keys += ["rollout/dropped_groups", "rollout/sampling_rounds"]
+        if self.dual_clip is not None:
+            keys.append("policy/dual_clipfrac")
+        if self.length_penalty:
+            keys.append("objective/length_penalty")
+        if self.overlong_buffer:
+            keys.append("objective/overlong_penalty")
         if self.generation.engine == "vllm":  # the engine's own log-probs, compared with the trainer's
             keys += ["rollout/logprob_diff_mean", "rollout/logprob_diff_max"]
             if self.tis_cap is not None:

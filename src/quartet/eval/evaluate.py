@@ -19,7 +19,21 @@ response then gets (the per-response keys of ``samples.jsonl``):
 Per checkpoint (``eval.json``): ``{"mean", "lo", "hi"}`` (95% bootstrap CI over prompts) for gold, rm,
 relevance, kl, kl_full, length; plain numbers for eos_rate, distinct_1, distinct_2 (over response tokens), repetition;
 and against the baseline, judged by gold when there is a judge, else by rm: win_rate (ties count half) and
-score_diff (paired-bootstrap CI of the mean score difference).
+score_diff (paired-bootstrap CI of the mean score difference). With ``judge: llm:<model>`` (``--judge``), a language
+model also reads each checkpoint's response to each (prompt, sample) beside the baseline's, in both orders
+(quartet.rollout.judging): judge_win_rate (a win 1, a tie 0.5, a loss 0; a verdict the order decided is a tie,
+or with ``llm_judge.orders: average`` the two orders' mean log-odds decides; a response identical to the
+baseline's is a tie, not asked; 95% bootstrap CI over prompts), judge_position_bias (share of
+judged pairs whose two verdicts went to one position) and judge_ties; its verdicts are cached in
+``<out>/verdicts.sqlite``, so a rerun asks for none twice.
+
+Accuracy. A gold task that scores right (1) or wrong (0) (`Task.binary`: constraints, arithmetic) adds pass@1 (the
+gold mean: accuracy) and pass@k for k = 2, 4 ... samples_per_prompt, each prompt's unbiased estimate from its
+samples (Chen et al. 2021) averaged over prompts with a bootstrap CI. A gold task with groups (`Task.breakdown`:
+arithmetic's levels, constraints' kinds) adds eval.json's ``breakdown``: each checkpoint's mean per group, with its
+CI over the group's prompts. ``extra_tasks`` scores every checkpoint on other built-in tasks too (their eval split,
+num_prompts of it, their gold judge, this eval's sampling and seeds): eval.json's ``tasks``, the same numbers per
+task, and `<out>/tasks/<task>/samples.jsonl`: what training for one task cost on others (the alignment tax).
 
 Sampling. Every response is sampled by a generation engine (quartet.rollout.engine), the one PPO samples
 with. Sample j of prompt i is drawn by inverse-CDF from uniforms of its own generator, seeded with
@@ -55,6 +69,7 @@ import importlib.util
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -63,25 +78,36 @@ import torch
 
 from quartet.algo import gather_logprobs
 from quartet.atomic import atomic_write_text
-from quartet.config import DataConfig, EvalConfig, GenerationConfig
+from quartet.config import DataConfig, EvalConfig, GenerationConfig, LLMJudgeConfig, from_dict
 from quartet.data import encode_prompts, left_pad, load_prompts, prompt_text, render_conversation
 from quartet.errors import ConfigError
-from quartet.eval.stats import bootstrap_ci, distinct_n, mean_repetition_rate, paired_bootstrap_diff, win_rate
+from quartet.eval.bad_cases import pick_bad_cases
+from quartet.eval.stats import (
+    bootstrap_ci,
+    distinct_n,
+    mean_repetition_rate,
+    paired_bootstrap_diff,
+    pass_at_k,
+    pass_ks,
+    win_rate,
+)
 from quartet.judges.bounded import JUDGE_TIMEOUT
+from quartet.judges.llm import cache_file
 from quartet.models import load_causal_lm, load_reward_model, resolve_model
 from quartet.models.loading import check_context
 from quartet.models.names import MINILM_PACKAGE
 from quartet.models.packed import pack_linears
 from quartet.models.precision import generation_dtype
 from quartet.models.trunk import Trunk
-from quartet.outputs import check_output_dir, staged_output
+from quartet.outputs import check_output_dir, run_stage, staged_output, write_marker
 from quartet.rollout.engine import make_engine, sample_as_is
 from quartet.rollout.forward import response_logits
+from quartet.rollout.judging import Tally, check_llm_judge, judged_wins, open_llm_judge
 from quartet.rollout.record import Rollout, position_ids_from_mask, response_mask_from_ids
 from quartet.rollout.rewards import load_reward_fn
 from quartet.rollout.sampling import EVAL_STREAM, sample_seed
 from quartet.rollout.weights import base_config
-from quartet.tasks import get_task
+from quartet.tasks import Task, get_task
 
 log = logging.getLogger("quartet")
 
@@ -115,15 +141,34 @@ class EvalResult:
     records: list[dict] = field(default_factory=list)
     """samples.jsonl: one per (checkpoint, prompt, sample) with everything needed to replay it"""
     timing: dict[str, float] = field(default_factory=dict)
+    breakdown: dict[str, dict] = field(default_factory=dict)
+    """checkpoint -> group -> {"mean", "lo", "hi", "prompts"}: the gold task's groups (levels, constraint kinds)"""
+    tasks: dict[str, dict] = field(default_factory=dict)
+    """extra task -> {"prompts", "num_prompts", "checkpoints"[, "breakdown"]}: each checkpoint on another task's
+    eval split with that task's gold judge (settings' extra_tasks: the alignment tax)"""
+    task_records: dict[str, list[dict]] = field(default_factory=dict)
+    """extra task -> its samples.jsonl records (`<out>/tasks/<task>/samples.jsonl`)"""
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "checkpoints": self.checkpoints,
             "baseline": self.baseline,
             "settings": self.settings,
             "timing": self.timing,
             "samples": self.samples,
         }
+        return out | ({"breakdown": self.breakdown} if self.breakdown else {}) | ({"tasks": self.tasks} if self.tasks else {})
+
+
+@dataclass
+class _Extra:
+    """One extra task's prompts, settings (the eval's, with its prompts and gold judge) and runs."""
+
+    task: Task
+    settings: EvalConfig
+    prompts: list
+    gold_fn: object
+    runs: dict[str, dict] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------- entry points
@@ -137,6 +182,8 @@ def evaluate(checkpoints: list[str], *, out: str | Path | None = None, overwrite
     everything succeeded: a bad name or a failing judge leaves no output behind.
     """
     s = EvalConfig(**settings)
+    if isinstance(s.llm_judge, dict):  # `quartet run` passes its eval section through dataclasses.asdict
+        s.llm_judge = from_dict(LLMJudgeConfig, s.llm_judge, "eval.llm_judge")
     s.validate()
     if not checkpoints:
         raise ConfigError("eval: give at least one checkpoint")
@@ -146,21 +193,26 @@ def evaluate(checkpoints: list[str], *, out: str | Path | None = None, overwrite
     s.baseline = s.baseline or checkpoints[0]
     s.reference = s.reference or s.baseline
     s.gold = s.gold or _task_judge(s.prompts)
+    gold_task = _gold_task(s.gold)
     s.relevance = _relevance_judge(s.prompts) if s.relevance == "auto" else s.relevance
     s.sample_dtype = resolve_sample_dtype(s.sample_dtype)  # the settings record the dtype actually used
     baseline_name = names[checkpoints.index(s.baseline)] if s.baseline in checkpoints else s.baseline
 
     for name in dict.fromkeys([*checkpoints, s.baseline, s.reference]):
         resolve_model(name)  # a bad name fails here, before minutes of sampling
+    if s.judge:
+        check_llm_judge(s.judge, s.llm_judge, "eval")  # its model resolved, or its server asked, as early
     if s.engine == "vllm":
         if importlib.util.find_spec("vllm") is None:
             raise ConfigError("eval: --engine vllm needs the vllm package; on a GPU `pip install 'quartet[vllm]'`, "
                               "on a CPU `make vllm` and run from .venv-vllm")
     examples = load_prompts(DataConfig(path=s.prompts, limit=s.num_prompts))
     prompt_list = [ex.prompt for ex in examples]
+    extras = {name: _extra(s, name) for name in s.extra_tasks}
     gold_fn = _load_gold(s.gold, s.judge_timeout) if s.gold else None
     relevance_fn = _load_gold(s.relevance, s.judge_timeout) if s.relevance else None
     rm = _load_rm(s.reward_model) if s.reward_model else None
+    judge = _open_judge(s, out) if s.judge else None
 
     t0 = time.perf_counter()
     ref_model, ref_tok = _load(s.reference)
@@ -184,25 +236,56 @@ def evaluate(checkpoints: list[str], *, out: str | Path | None = None, overwrite
                 f"model family and size"
             )
         runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s, sampler, path)
+        for task, extra in extras.items():  # the same model on other tasks: what training cost there
+            _check_fits(model, tok, extra.prompts, s, f"eval: checkpoint '{path}' on task {task}")
+            extra.runs[name] = _run_checkpoint(model, tok, ref_model, ref_tok, extra.prompts, extra.settings, sampler,
+                                               path)
         if path != s.reference:
             del model
-        _score(runs[name], prompt_list, gold_fn, rm, relevance_fn)
+        _score(runs[name], prompt_list, gold_fn, rm, relevance_fn, gold_task)
+        for extra in extras.values():
+            _score(extra.runs[name], extra.prompts, extra.gold_fn, None, None, extra.task)
         timing[name] = time.perf_counter() - t0
         log.info("eval %s: %d responses in %.1fs", name, len(runs[name]["responses"]), timing[name])
+    if judge is not None:
+        t0 = time.perf_counter()
+        _judge_runs(runs, baseline_name, prompt_list, judge, s.llm_judge.orders)
+        timing["judge"] = time.perf_counter() - t0
 
-    result = _summarise(runs, baseline_name, prompt_list, s)
+    result = _summarise(runs, baseline_name, prompt_list, s, gold_task)
     result.timing = timing
+    for task, extra in extras.items():
+        sub = _summarise(extra.runs, baseline_name, extra.prompts, extra.settings, extra.task)
+        result.tasks[task] = {"prompts": extra.settings.prompts, "num_prompts": len(extra.prompts),
+                              "checkpoints": sub.checkpoints} | ({"breakdown": sub.breakdown} if sub.breakdown else {})
+        result.task_records[task] = sub.records
+    if judge is not None:  # what judged (settings) and what its verdicts cost (timing: a rerun reads them back)
+        result.settings |= {"judge_spec": s.judge, "judge_name": judge.name, "judge_rubric": judge.rubric}
+        result.timing |= {"judge_calls": judge.calls, "judge_cache_hits": judge.hits}
     if out is not None:
         write_result(result, out, overwrite)
     return result
 
 
 def write_result(result: EvalResult, out: str | Path, overwrite: bool = False) -> None:
-    """`<out>/samples.jsonl` and `<out>/eval.json` (its presence means the eval is complete), written as one folder
-    that replaces an earlier eval's files only once complete (quartet.outputs.staged_output)."""
+    """`<out>/samples.jsonl`, `<out>/bad_cases.jsonl` (settings' bad_cases > 0) and `<out>/eval.json` (its presence
+    means the eval is complete), written as one folder that replaces an earlier eval's files only once complete
+    (quartet.outputs.staged_output)."""
     with staged_output(out, "eval", overwrite, key="out") as tmp:
         atomic_write_text(tmp / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in result.records))
+        if result.settings.get("bad_cases"):
+            atomic_write_text(tmp / "bad_cases.jsonl", "".join(json.dumps(r) + "\n" for r in bad_cases(result)))
+        for task, records in result.task_records.items():
+            (tmp / "tasks" / task).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(tmp / "tasks" / task / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
         atomic_write_text(tmp / "eval.json", json.dumps(result.to_dict(), indent=1) + "\n")
+
+
+def bad_cases(result: EvalResult) -> list[dict]:
+    """The prompts of the last checkpoint other than the baseline (the baseline when it is alone) that the next
+    round of feedback should look at: settings' bad_cases of them (quartet.eval.bad_cases)."""
+    policy = [name for name in result.checkpoints if name != result.baseline] or [result.baseline]
+    return pick_bad_cases(result.records, policy[-1], result.baseline, result.settings.get("bad_cases", 0))
 
 
 def cli(args) -> int:
@@ -223,11 +306,27 @@ def cli(args) -> int:
         relevance=_relevance_arg(getattr(args, "relevance", "auto")),
         engine=getattr(args, "engine", "hf"),
         judge_timeout=getattr(args, "judge_timeout", JUDGE_TIMEOUT),
+        bad_cases=getattr(args, "bad_cases", EvalConfig.bad_cases),
+        samples_per_prompt=getattr(args, "samples_per_prompt", 1),
+        batch_size=getattr(args, "batch_size", EvalConfig.batch_size),
+        extra_tasks=getattr(args, "extra_tasks", None) or [],
+        judge=getattr(args, "judge", None),
+        llm_judge=LLMJudgeConfig(rubric=getattr(args, "judge_rubric", None), mode=getattr(args, "judge_mode", "pairwise"),
+                                 orders=getattr(args, "judge_orders", "agree"),
+                                 base_url=getattr(args, "judge_base_url", None),
+                                 api_key_env=getattr(args, "judge_api_key_env", "OPENAI_API_KEY")),
     )
     print(format_table(result))
+    if result.breakdown:
+        print(f"\nby group ({result.settings['gold']}):\n\n{format_breakdown(result.breakdown)}")
+    if result.tasks:
+        print(f"\nalignment tax (gold of each extra task):\n\n{format_tax(result)}")
     print()
     print(format_samples(result))
     print(f"\nwrote {Path(args.out) / 'eval.json'} and {Path(args.out) / 'samples.jsonl'}")
+    if result.settings["bad_cases"]:
+        cases = Path(args.out) / "bad_cases.jsonl"
+        print(f"bad cases: {cases} (next: quartet label judge=none prompts.path={cases})")
     return 0
 
 
@@ -372,11 +471,15 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalConfig, 
     return run
 
 
-def _score(run: dict, prompt_list, gold_fn, rm, relevance_fn=None) -> None:
+def _score(run: dict, prompt_list, gold_fn, rm, relevance_fn=None, task: Task | None = None) -> None:
+    """Each response's gold, relevance and reward-model scores; with a gold `task` that has groups, each response's
+    groups (run["groups"], Task.breakdown)."""
     prompts = [prompt_list[i] for i, _ in run["rows"]]
     run["gold"] = run["rm"] = run["relevance"] = None
     if gold_fn is not None:
         run["gold"] = _checked_scores(gold_fn([prompt_text(p) for p in prompts], run["responses"]), "gold judge", run)
+        if task is not None and task.breakdown is not None:
+            run["groups"] = task.breakdown([prompt_text(p) for p in prompts], run["responses"])
     if relevance_fn is not None:
         texts = [prompt_text(p) for p in prompts]
         run["relevance"] = _checked_scores(relevance_fn(texts, run["responses"]), "relevance judge", run)
@@ -396,10 +499,12 @@ def _checked_scores(scores, what: str, run: dict) -> list[float]:
 
 
 # --------------------------------------------------------------------------- summary
-def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalConfig) -> EvalResult:
+def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalConfig, task: Task | None = None,
+               ) -> EvalResult:
+    """`task`: the gold judge's task: a 0/1 one's gold mean is reported as accuracy (pass@k), its groups apart."""
     judge = "gold" if s.gold else "rm" if s.reward_model else None
     k = s.samples_per_prompt
-    checkpoints = {}
+    checkpoints, breakdown = {}, {}
     for name, run in runs.items():
         m: dict = {}
         for key in PER_SAMPLE:
@@ -408,6 +513,10 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalConfig)
                 continue
             mean, lo, hi = bootstrap_ci(_per_prompt(run[key], k), n_boot=N_BOOT, alpha=ALPHA, seed=s.seed)
             m[key] = {"mean": mean, "lo": lo, "hi": hi}
+        if task is not None and task.binary and run.get("gold") is not None:
+            m |= _pass_at(run["gold"], k, s.seed)
+        if run.get("groups") is not None:
+            breakdown[name] = _groups(run["groups"], k, s.seed)
         m["eos_rate"] = sum(run["eos"]) / len(run["eos"])
         m["distinct_1"] = distinct_n(run["tokens"], 1)
         m["distinct_2"] = distinct_n(run["tokens"], 2)
@@ -417,6 +526,8 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalConfig)
             m["win_rate"] = win_rate(a, b, tie_eps=TIE_EPS)
             diff, lo, hi = paired_bootstrap_diff(_per_prompt(a, k), _per_prompt(b, k), n_boot=N_BOOT, alpha=ALPHA, seed=s.seed)
             m["score_diff"] = {"mean": diff, "lo": lo, "hi": hi}
+        if s.judge:
+            m |= _judged(run, k, s.seed)
         checkpoints[name] = m
 
     samples, records = [], []
@@ -435,12 +546,59 @@ def _summarise(runs: dict[str, dict], baseline: str, prompt_list, s: EvalConfig)
             rec.update({"prompt": prompt_list[i], "response": run["responses"][r]})
             keys = ("gold", "rm", "relevance", "kl", "kl_full", "length", "eos")
             rec.update({key: run[key][r] for key in keys if run.get(key) is not None})
+            if run.get("judged") is not None:
+                rec["judge_win"] = run["judged"][r]
             records.append(rec)
     settings = asdict(s) | {"num_prompts": len(prompt_list), "judge": judge, "n_boot": N_BOOT, "alpha": ALPHA}
     # numbers are bit-identical on re-runs with the same torch and thread count; another thread count
     # changes float reduction order, which can flip a sampled token
     settings |= {"torch": torch.__version__, "threads": torch.get_num_threads()}
-    return EvalResult(checkpoints, baseline, settings, samples, records)
+    return EvalResult(checkpoints, baseline, settings, samples, records, breakdown=breakdown)
+
+
+def _pass_at(gold: list[float], k: int, seed: int) -> dict:
+    """pass@j for each j of `pass_ks(k)` from a 0/1 gold score per (prompt, sample), k samples per prompt: the
+    unbiased estimate per prompt (quartet.eval.stats.pass_at_k), its mean over prompts and a bootstrap CI."""
+    right = [round(sum(gold[i : i + k])) for i in range(0, len(gold), k)]
+    out = {}
+    for j in pass_ks(k):
+        mean, lo, hi = bootstrap_ci([pass_at_k(k, c, j) for c in right], n_boot=N_BOOT, alpha=ALPHA, seed=seed)
+        out[f"pass@{j}"] = {"mean": mean, "lo": lo, "hi": hi}
+    return out
+
+
+def _groups(groups: list[dict[str, float]], k: int, seed: int) -> dict:
+    """group -> {"mean", "lo", "hi", "prompts"}: the mean score of the group's responses, averaged per prompt first
+    (prompts are the independent draws), with a bootstrap CI over the prompts the group holds."""
+    per_prompt: dict[str, list[float]] = {}
+    for i in range(0, len(groups), k):
+        block = groups[i : i + k]
+        for name in dict.fromkeys(g for row in block for g in row):
+            values = [row[name] for row in block if name in row]
+            per_prompt.setdefault(name, []).append(sum(values) / len(values))
+    out = {}
+    for name in sorted(per_prompt, key=_natural):
+        mean, lo, hi = bootstrap_ci(per_prompt[name], n_boot=N_BOOT, alpha=ALPHA, seed=seed)
+        out[name] = {"mean": mean, "lo": lo, "hi": hi, "prompts": len(per_prompt[name])}
+    return out
+
+
+def _natural(name: str) -> tuple:
+    """Sort key: `level 2` before `level 10`."""
+    return tuple((0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name))
+
+
+def _judged(run: dict, k: int, seed: int) -> dict:
+    """The llm judge's numbers for one checkpoint against the baseline (None for the baseline itself): its win rate
+    over (prompt, sample) pairs, ties half, with a 95% bootstrap CI over prompts; the share of judged pairs whose
+    two orders both went to one position (position bias); the share of ties (identical responses included)."""
+    wins = run.get("judged")
+    if wins is None:
+        return {"judge_win_rate": None, "judge_position_bias": None, "judge_ties": None}
+    mean, lo, hi = bootstrap_ci(_per_prompt(wins, k), n_boot=N_BOOT, alpha=ALPHA, seed=seed)
+    return {"judge_win_rate": {"mean": mean, "lo": lo, "hi": hi},
+            "judge_position_bias": run["judge_tally"].position_bias,
+            "judge_ties": sum(w == 0.5 for w in wins) / len(wins)}
 
 
 def _per_prompt(values: list[float], k: int) -> list[float]:
@@ -454,19 +612,61 @@ def format_table(result: EvalResult, names: dict[str, str] | None = None) -> str
     cols = [("gold", "gold"), ("rm", "RM"), ("relevance", "relevance"), ("kl", "KL"), ("kl_full", "KL (full)"),
             ("length", "length"),
             ("eos_rate", "EOS"), ("distinct_2", "distinct-2"), ("repetition", "repetition"),
-            ("win_rate", "win rate"), ("score_diff", "score diff")]  # fmt: skip
+            ("win_rate", "win rate"), ("score_diff", "score diff"), ("judge_win_rate", "judge win rate"),
+            ("judge_position_bias", "position bias"), ("judge_ties", "judge ties")]  # fmt: skip
+    passes = sorted({k for m in result.checkpoints.values() for k in m if k.startswith("pass@") and k != "pass@1"},
+                    key=lambda k: int(k[len("pass@"):]))
+    cols[1:1] = [(k, k) for k in passes]  # pass@1 is the gold column itself
     present = [(k, t) for k, t in cols if any(m.get(k) is not None for m in result.checkpoints.values())]
     lines = ["| checkpoint | " + " | ".join(t for _, t in present) + " |", "|---" * (len(present) + 1) + "|"]
     for name, m in result.checkpoints.items():
         mark = " (baseline)" if name == result.baseline else ""
         lines.append(f"| {_label(name, names)}{mark} | " + " | ".join(_fmt(m.get(k)) for k, _ in present) + " |")
     s = result.settings
+    average = (s.get("llm_judge") or {}).get("orders") == "average"
+    split = "their mean log-odds deciding" if average else "a split verdict a tie (half a win)"
     lines.append("")
     lines.append(
         f"{s['num_prompts']} prompts x {s['samples_per_prompt']} from {s['prompts']}, temperature {s['temperature']}, "
         f"top_p {s['top_p']}, {s['max_new_tokens']} new tokens, seed {s['seed']}; KL to {_label(s['reference'], names)}; "
         f"95% bootstrap CIs; win rate and score diff by {s['judge'] or 'nothing'} vs {_label(result.baseline, names)}"
+        + (f"; judge win rate by {s['judge_spec']} vs {_label(result.baseline, names)}, each pair judged in both "
+           f"orders, {split}" if s.get("judge_spec") else "")
+        + (f"; gold = accuracy (pass@1){', pass@k: Chen et al. 2021 unbiased estimator' if passes else ''}"
+           if any("pass@1" in m for m in result.checkpoints.values()) else "")
     )
+    return "\n".join(lines)
+
+
+def format_breakdown(breakdown: dict[str, dict], names: dict[str, str] | None = None) -> str:
+    """Markdown table of the gold task's groups (one row each: a level, a constraint kind) by checkpoint: mean
+    [95% CI] and the prompts in the group; empty without groups."""
+    if not breakdown:
+        return ""
+    groups = list(dict.fromkeys(g for by_group in breakdown.values() for g in by_group))
+    lines = ["| group | prompts | " + " | ".join(_label(n, names) for n in breakdown) + " |",
+             "|---" * (len(breakdown) + 2) + "|"]
+    for g in groups:
+        counts = {by_group[g]["prompts"] for by_group in breakdown.values() if g in by_group}
+        lines.append(f"| {g} | {'/'.join(map(str, sorted(counts)))} | "
+                     + " | ".join(_fmt(by_group.get(g)) for by_group in breakdown.values()) + " |")
+    return "\n".join(lines)
+
+
+def format_tax(result: EvalResult, names: dict[str, str] | None = None) -> str:
+    """Markdown table of the alignment tax: each extra task's gold mean per checkpoint [95% CI], and each other
+    checkpoint's paired difference from the baseline [95% CI]; empty without extra tasks."""
+    if not result.tasks:
+        return ""
+    ckpts = list(next(iter(result.tasks.values()))["checkpoints"])
+    others = [n for n in ckpts if n != result.baseline]
+    lines = ["| task | prompts | " + " | ".join(_label(n, names) for n in ckpts)
+             + "".join(f" | {_label(n, names)} - {_label(result.baseline, names)}" for n in others) + " |",
+             "|---" * (len(ckpts) + len(others) + 2) + "|"]
+    for task, t in result.tasks.items():
+        m = t["checkpoints"]
+        lines.append(f"| {task} | {t['num_prompts']} | " + " | ".join(_fmt(m[n].get("gold")) for n in ckpts)
+                     + "".join(f" | {_fmt(m[n].get('score_diff'))}" for n in others) + " |")
     return "\n".join(lines)
 
 
@@ -531,6 +731,36 @@ def _load_rm(name: str):
     return rm
 
 
+def _open_judge(s: EvalConfig, out: str | Path | None):
+    """The `llm:` judge of the judged win rate, its verdicts cached in `<out>/verdicts.sqlite` ("auto"; none without
+    `out`) or where llm_judge.cache says. That folder is marked as an eval run before the cache is made in it: an
+    eval killed after some verdicts is then this eval's own output, and its rerun reads them back (the cache is
+    no file of WRITES["eval"], so finishing replaces the eval's files around it and keeps it)."""
+    setting = s.llm_judge.cache
+    if setting is None or (setting == "auto" and out is None):
+        return open_llm_judge(s.judge, s.llm_judge, s.prompts, None, "eval")
+    cache = cache_file(setting, Path(out) if out is not None else Path.cwd())
+    if out is not None and cache.parent.absolute() == Path(out).absolute() and run_stage(out) != "eval":
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_marker(out, "eval")
+    return open_llm_judge(s.judge, s.llm_judge, s.prompts, cache, "eval")
+
+
+def _judge_runs(runs: dict[str, dict], baseline: str, prompt_list, judge, rule: str) -> None:
+    """Each checkpoint's response to each (prompt, sample) against the baseline's, judged in both orders made one
+    verdict by `rule` (llm_judge.orders): run["judged"] (1 won, 0.5 tie, 0 lost) and run["judge_tally"]; the
+    baseline is not judged against itself."""
+    base = runs[baseline]["responses"]
+    for name, run in runs.items():
+        if name == baseline:
+            continue
+        run["judge_tally"] = Tally()
+        prompts = [prompt_list[i] for i, _ in run["rows"]]
+        run["judged"] = judged_wins(judge, prompts, run["responses"], base, run["judge_tally"], rule)
+    if judge.cache is not None:
+        judge.cache.close()  # every verdict is committed; the file is left whole
+
+
 def _relevance_judge(prompts: str) -> str | None:
     """The "auto" relevance judge: the task's own (`task:<name>/relevance`), else MiniLM's when installed."""
     if prompts.startswith("task:"):
@@ -546,6 +776,23 @@ def _relevance_judge(prompts: str) -> str | None:
 def _relevance_arg(value: str | None) -> str | None:
     """--relevance: a judge spec, "auto", or "none" (not measured)."""
     return None if value is None or value.strip().lower() in ("none", "") else value
+
+
+def _gold_task(gold: str | None) -> Task | None:
+    """The task whose gold judge `gold` is (`task:<name>`, not one of its other judges); None otherwise."""
+    if gold and gold.startswith("task:") and "/" not in gold:
+        return get_task(gold[len("task:") :])
+    return None
+
+
+def _extra(s: EvalConfig, name: str) -> _Extra:
+    """Extra task `name`: its eval split (the first num_prompts), its gold judge; no relevance, reward model or
+    llm judge (they judge the main task)."""
+    task = get_task(name)
+    settings = dataclasses.replace(s, prompts=f"task:{name}/eval", gold=f"task:{name}", relevance=None,
+                                   reward_model=None, judge=None, extra_tasks=[])
+    prompts = [ex.prompt for ex in load_prompts(DataConfig(path=settings.prompts, limit=s.num_prompts))]
+    return _Extra(task, settings, prompts, _load_gold(settings.gold, s.judge_timeout))
 
 
 def _task_judge(prompts: str) -> str | None:

@@ -1,4 +1,4 @@
-"""Small statistics for comparing policies: diversity, repetition, bootstrap intervals, win rate.
+"""Small statistics for comparing policies: diversity, repetition, bootstrap intervals, win rate, pass@k.
 
 Everything here is plain Python + numpy, deterministic given ``seed``, and has a closed-form or
 hand-worked reference test in tests/eval/test_stats.py.
@@ -152,3 +152,21 @@ def win_rate(a_scores, b_scores, tie_eps: float = 0.0) -> float:
     ties = np.abs(diff) <= tie_eps
     wins = (diff > 0) & ~ties
     return float((wins.sum() + 0.5 * ties.sum()) / diff.size)
+
+
+# --------------------------------------------------------------------------- pass@k
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimate of pass@k, the chance that at least one of k samples is right, from n samples of which c
+    were right (Chen et al. 2021, eq. 1): 1 - C(n - c, k) / C(n, k), as their numerically stable product
+    1 - prod_{i = n - c + 1}^{n} (1 - k / i). Averaged over prompts it estimates the mean pass@k without the bias
+    of 1 - (1 - c/n)^k."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def pass_ks(n: int) -> list[int]:
+    """The k reported for n samples per prompt: 1, the powers of two below n, and n."""
+    return sorted({1, n, *(2**i for i in range(n.bit_length()) if 2**i < n)})

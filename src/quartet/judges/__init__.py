@@ -5,6 +5,12 @@ response. Here: VADER sentiment (:mod:`quartet.judges.vader`), MiniLM relevance 
 judges combined from judges (:mod:`quartet.judges.compose`) and user callables bounded in time
 (:mod:`quartet.judges.bounded`). :data:`JUDGES` names the built-in ones for the spec ``judge:<name>``.
 
+A language model as judge (``llm:<model>``) compares two answers instead of scoring one: :mod:`quartet.judges.llm`
+loads one (a local model, :mod:`~quartet.judges.llm_local`, or an OpenAI-compatible server,
+:mod:`~quartet.judges.llm_http`), :mod:`~quartet.judges.pairwise` judges pairs in both orders and ranks answers by
+their wins, :mod:`~quartet.judges.verdict_cache` keeps the verdicts on disk. Not imported here: they load
+transformers, which the scorer functions do not need.
+
 This package knows nothing of tasks: the tasks build their judges from these. A reward spec string (``task:<name>``,
 ``judge:<name>``, ``module:function``, combinations) becomes a checked reward function in
 :mod:`quartet.rollout.rewards`.

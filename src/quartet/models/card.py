@@ -29,10 +29,11 @@ BASE = {"sft": "model", "rm": "model", "ppo": "policy", "dpo": "policy"}
 DATA = {
     "sft": {"demonstrations": "data.path", "held-out demonstrations": "eval_data.path"},
     "rm": {"preference pairs": "data.path", "held-out pairs": "eval_data.path"},
-    "ppo": {"prompts": "prompts.path", "reward": "reward", "reference": "reference"},
+    "ppo": {"prompts": "prompts.path", "reward": "reward_text", "reference": "reference"},
     "dpo": {"preference pairs": "data.path", "held-out pairs": "eval_data.path", "reference": "reference"},
 }
-"""what each stage learned from: label -> config field (left out when unset)"""
+"""what each stage learned from: label -> config field or property (left out when unset; ppo's reward_text is `reward`
+or its reward_funcs' weighted sum)"""
 _COMMON = ("optim.lr", "optim.schedule", "lora.enabled", "lora.r", "precision", "seed")
 SETTINGS = {
     "sft": ("epochs", "max_steps", "batch_size", "grad_accum", "max_seq_len", *_COMMON),

@@ -227,7 +227,8 @@ def _drop_rewound(records: list[dict]) -> list[dict]:
 
 def stage_dirs(run_dir) -> list[tuple[str, Path]]:
     """The run directories under ``run_dir``: itself when it holds metrics.jsonl, plus each direct
-    subdirectory that does (a pipeline directory: sft/, rm/, ppo/). Pipeline stages come first, in order."""
+    subdirectory that does (a pipeline directory: sft/, rm/, ppo/), then those of a pipeline's later rounds
+    (rounds/2/rm/, ...). Pipeline stages come first, in order."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise DataError(f"{run_dir}: run directory not found")
@@ -238,6 +239,13 @@ def stage_dirs(run_dir) -> list[tuple[str, Path]]:
     order = {name: i for i, name in enumerate(PIPELINE_ORDER)}
     subs.sort(key=lambda d: (order.get(d.name, len(order)), d.name))
     found.extend((d.name, d) for d in subs)
+    # a pipeline's rounds after the first (`rounds: N`): rounds/<k>/<stage>, named `<stage> (round <k>)`
+    rounds = run_dir / "rounds"
+    ks = sorted(int(d.name) for d in rounds.iterdir() if d.is_dir() and d.name.isdigit()) if rounds.is_dir() else []
+    for k in ks:
+        subs = [d for d in (rounds / str(k)).iterdir() if d.is_dir() and (d / "metrics.jsonl").is_file()]
+        subs.sort(key=lambda d: (order.get(d.name, len(order)), d.name))
+        found.extend((f"{d.name} (round {k})", d) for d in subs)
     return found
 
 

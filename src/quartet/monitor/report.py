@@ -346,7 +346,40 @@ def _eval_html(data, source: str) -> str:
         out.append("</table><p class=meta>mean [95% bootstrap interval] where given</p>")
     else:
         out.append("<p>no checkpoint results in this file</p>")
+    if isinstance(data.get("breakdown"), dict) and data["breakdown"]:
+        out.append(_groups_html("By group (the gold task's levels or kinds)", data["breakdown"]))
+    tasks = data.get("tasks")
+    if isinstance(tasks, dict) and tasks:
+        out.append("<h4>Alignment tax</h4><p class=meta>each checkpoint on other tasks, by their gold judges; the "
+                   "change is the paired difference from the baseline</p>")
+        out.append(_tax_html(tasks, data.get("baseline")))
+        out += [_groups_html(f"{task} by group", t["breakdown"]) for task, t in tasks.items()
+                if isinstance(t, dict) and isinstance(t.get("breakdown"), dict)]
     return "\n".join(out)
+
+
+def _groups_html(title: str, breakdown: dict) -> str:
+    """One row per group (a level, a constraint kind), one column per checkpoint: mean [95% CI]."""
+    names = [n for n, g in breakdown.items() if isinstance(g, dict)]
+    groups = list(dict.fromkeys(k for n in names for k in breakdown[n]))
+    rows = [f"<h4>{E(title)}</h4><table><tr><th>group</th>" + "".join(f"<th>{E(_short_name(n))}</th>" for n in names)
+            + "</tr>"]
+    rows += [f"<tr><td>{E(str(g))}</td>" + "".join(_cell(breakdown[n].get(g)) for n in names) + "</tr>" for g in groups]
+    return "\n".join([*rows, "</table>"])
+
+
+def _tax_html(tasks: dict, baseline) -> str:
+    """One row per extra task: each checkpoint's gold mean, each other checkpoint's change from the baseline."""
+    first = next((t["checkpoints"] for t in tasks.values() if isinstance(t, dict) and isinstance(t.get("checkpoints"),
+                                                                                                  dict)), {})
+    names, others = list(first), [n for n in first if n != baseline]
+    rows = ["<table><tr><th>task</th>" + "".join(f"<th>{E(_short_name(n))}</th>" for n in names)
+            + "".join(f"<th>{E(_short_name(n))} change</th>" for n in others) + "</tr>"]
+    for task, t in tasks.items():
+        m = t.get("checkpoints", {}) if isinstance(t, dict) else {}
+        rows.append(f"<tr><td>{E(str(task))}</td>" + "".join(_cell((m.get(n) or {}).get("gold")) for n in names)
+                    + "".join(_cell((m.get(n) or {}).get("score_diff")) for n in others) + "</tr>")
+    return "\n".join([*rows, "</table>"])
 
 
 SAMPLE_SCORES = (("gold", "gold"), ("rm", "RM"), ("relevance", "relevance"), ("score", "score"))
@@ -518,9 +551,10 @@ def _slug(text: str) -> str:
 
 def _stage_label(name: str, records: list[dict]) -> str:
     """A stage as the report names it: the algorithm its records say ran (a ppo stage that ran GRPO is `grpo`),
-    else the stage's name."""
+    else the stage's name; a later round's keeps its round (`ppo (round 2)` -> `grpo (round 2)`)."""
     algorithm = next((r["algorithm"] for r in records if isinstance(r.get("algorithm"), str)), None)
-    return algorithm or name
+    stage, sep, rest = name.partition(" (round ")
+    return (algorithm or stage) + sep + rest
 
 
 def write_report(run_dir) -> Path:

@@ -35,6 +35,8 @@ value_loss_stuck            >= 15 points; value/loss median of last 5 >= 0.9x me
                             value/explained_variance (when logged) below 0.1
 explained_variance_negative >= 10 points; the last 5 value/explained_variance all below 0, their median < -0.1
 truncation                  rollout/eos_rate now < 0.5 (most responses hit max_new_tokens)
+no_group_signal             rollout/zero_std_groups (share of the batch's prompt groups whose samples all scored
+                            the same: advantage 0) now > 0.5
 engine_mismatch             rollout/logprob_diff_mean (|trainer - engine| log-prob of the sampled tokens, per
                             token, logged when the engine returns log-probs, e.g. vLLM) now > 0.5 nats; or, with
                             >= 6 points, now >= 3x start and > start + 0.05 nats
@@ -76,6 +78,7 @@ EOS_RATE_MIN = 0.5
 RELEVANCE_KEY, RELEVANCE_RATIO, RELEVANCE_NOISE = "rollout/relevance", 0.8, 5.0
 CHOSEN_DROP_NATS, CHOSEN_SHARE = 1.0, 0.25
 MISMATCH_KEY, MISMATCH_MAX, MISMATCH_RATIO, MISMATCH_RISE = "rollout/logprob_diff_mean", 0.5, 3.0, 0.05
+FLAT_GROUPS_KEY, FLAT_GROUPS_MAX = "rollout/zero_std_groups", 0.5
 
 
 # --------------------------------------------------------------------------- findings
@@ -642,6 +645,33 @@ def _truncation(h: History):
         "from the SFT targets or the chat template); the reward is then given to unfinished text",
         "raise generation.max_new_tokens, make sure SFT completions end with the EOS token, or set "
         "missing_eos_penalty so unfinished responses score low",
+    )
+
+
+@_rule("no_group_signal", "warning")
+def _no_group_signal(h: History):
+    key = FLAT_GROUPS_KEY
+    steps, share = h.tail(key, 10)
+    if len(share) < MIN_POINTS or _median(share[-3:]) <= FLAT_GROUPS_MAX:
+        return None
+    now = _median(share[-3:])
+    related = {k: h.tail(k, 10)[1] for k in ("rollout/dropped_groups", "objective/score") if h.has(k, 1)}
+    if "rollout/dropped_groups" in related:  # dynamic sampling is on, and its rounds ran out before the batch filled
+        first = ("raise dynamic_sampling_rounds (its rounds ran out before enough groups with signal were found; "
+                 "rollout/dropped_groups is the share it threw away)")
+    else:
+        first = ("set dynamic_sampling: true (DAPO: such groups are dropped and more prompts sampled to fill the "
+                 "batch)")
+    return _found(
+        "no_group_signal", h, key, steps, share,
+        f"{now:.0%} of the batch's prompts got the same score for every one of their samples: their group "
+        "advantage is 0, so they teach nothing",
+        "the prompts are too hard for the policy (every sample fails) or too easy (every sample passes) under a "
+        "right-or-wrong reward, or there are too few samples per prompt to see a difference; the update then rests "
+        "on the few groups left, a small and noisy gradient, while the KL term still pulls towards the reference",
+        f"{first}; train on prompts nearer the policy's level (an easier curriculum: pass rates between 10% and "
+        "90%); or raise samples_per_prompt",
+        related,
     )
 
 

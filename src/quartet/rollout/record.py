@@ -107,6 +107,29 @@ class Rollout:
             yield rows, self.select(rows).trimmed()
 
 
+def concat(parts: list[Rollout], pad_id: int) -> Rollout:
+    """The rows of several rollouts as one, in order: prompts left-padded and responses right-padded to the widest
+    (token ids with `pad_id`, masks and per-token floats with 0), so every real token keeps its position. For
+    rollouts before any forward (no `trunk`); a field None in the first part is None in the result."""
+    out = {}
+    for f in fields(Rollout):
+        values = [getattr(p, f.name) for p in parts]
+        if values[0] is None:
+            out[f.name] = None
+        elif isinstance(values[0], list):
+            out[f.name] = [x for v in values for x in v]
+        elif values[0].dim() == 1:
+            out[f.name] = torch.cat(values)
+        elif values[0].dim() == 2:
+            width, left = max(v.shape[1] for v in values), f.name.startswith("prompt_")
+            fill = pad_id if f.name.endswith("_ids") else 0
+            out[f.name] = torch.cat([torch.nn.functional.pad(v, (width - v.shape[1], 0) if left else
+                                                             (0, width - v.shape[1]), value=fill) for v in values])
+        else:
+            raise ValueError(f"concat: field {f.name} of {values[0].dim()} dimensions cannot be joined")
+    return Rollout(**out)
+
+
 def response_mask_from_ids(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Mask of real tokens up to and including the first EOS, and whether each row has one.
 
@@ -118,4 +141,4 @@ def response_mask_from_ids(response_ids: torch.Tensor, eos_id: int) -> tuple[tor
     return (~after_eos).float(), is_eos.any(dim=1)
 
 
-__all__ = ["Rollout", "position_ids_from_mask", "response_mask_from_ids"]
+__all__ = ["Rollout", "concat", "position_ids_from_mask", "response_mask_from_ids"]

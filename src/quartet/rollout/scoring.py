@@ -90,6 +90,34 @@ class Scorer:
             raise ConfigError(f"reward '{self.spec}' returned a non-finite score ({out[bad].item()}) for response {bad}")
         return out
 
+    def terms(self, prompts: list, responses: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the scores, {}): one reward has no terms to log apart (`RewardSum.terms` has)"""
+        return self(prompts, responses), {}
+
+
+class RewardSum:
+    """The weighted sum of several rewards (TRL's reward_funcs / reward_weights): `scorer(prompts, responses) -> (B,)
+    float32` as a `Scorer`'s, and `terms(...)` for the sum together with each term's own scores, each term scored
+    once. `terms`: (name, weight, spec) in order; `scorer_kw` go to each term's `Scorer`."""
+
+    def __init__(self, terms: list[tuple[str, float, str]], **scorer_kw):
+        self.weights = [(name, float(weight)) for name, weight, _ in terms]
+        self.scorers = {}
+        for name, _, spec in terms:
+            self.scorers[name] = Scorer(spec, **scorer_kw)
+        self.spec = " + ".join(f"{w:g} x {spec}" for (_, w), (_, _, spec) in zip(self.weights, terms))
+
+    def terms(self, prompts: list, responses: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the weighted sum (B,), {name: that term's scores (B,)})"""
+        parts = {name: self.scorers[name](prompts, responses) for name, _ in self.weights}
+        total = torch.zeros(len(responses), dtype=torch.float32)
+        for name, weight in self.weights:
+            total = total + weight * parts[name]
+        return total, parts
+
+    def __call__(self, prompts: list, responses: list[str]) -> torch.Tensor:
+        return self.terms(prompts, responses)[0]
+
 
 class RunningMoments:
     """Running mean / std of scores over all rollouts so far (Chan et al. parallel update)."""
@@ -130,15 +158,20 @@ def shape_scores(
     moments: RunningMoments | None,
     clip: float | None,
     update: bool = True,
+    overlong: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Raw scores -> the scores PPO optimises: EOS penalty, then running normalisation, then clipping.
+    """Raw scores -> the scores PPO optimises: EOS penalty and overlong penalty, then running normalisation, then
+    clipping.
 
-    scores: (B,), eos: (B,) bool. Responses cut at max_new_tokens lose `missing_eos_penalty`. With
+    scores: (B,), eos: (B,) bool. Responses cut at max_new_tokens lose `missing_eos_penalty`; `overlong`: (B,)
+    penalties <= 0 added to them (DAPO's soft overlong punishment, quartet.algo.overlong_penalty). With
     `update=False` the running moments normalise without counting these scores (a baseline's scores).
     """
     out = scores.clone()
     if missing_eos_penalty is not None:
         out[~eos] -= missing_eos_penalty
+    if overlong is not None:
+        out = out + overlong.to(out.dtype)
     if moments is not None:
         if update:
             moments.update(out)

@@ -9,6 +9,13 @@ one of the task's other judges (:attr:`Task.judges`).
   eval (96, films never seen in train), sft (198 demonstrations of mixed sentiment). Judges:
   ``relevance`` (MiniLM similarity of the response to the review opening) and ``on-task`` (VADER gated
   by that relevance: pays only for positive reviews of the film in the prompt).
+- ``constraints``: IFEval-style verifiable instructions (word and sentence counts, required and banned words and
+  letters, case, the final mark, bullets, a JSON object's keys, no commas; one to three per prompt); gold judge =
+  1 when all are met, else 0. Splits: train (2000), eval (300, on topics never seen in train; a third combine
+  a kind pair no train prompt does). Judge ``partial``: the share met.
+- ``arithmetic``: integer problems at four levels; gold judge = 1 when the answer (``Answer: N``, else
+  ``\\boxed{N}``, else the last number) is right, else 0. Splits: train (1668), eval (300: 75 per level, levels
+  interleaved; no problem in both). Judge ``format``: 1 when the answer is marked, right or wrong.
 - ``tiny-target``: short random-letter prompts for tests with tiny byte-level models; gold judge =
   fraction of response characters in :data:`quartet.tasks.tiny_target.TARGET_CHARS`, in [0, 1]. Judge
   ``relevance``: share of response characters found in the prompt (the gold judge pays for off-task text).
@@ -19,10 +26,10 @@ from __future__ import annotations
 import difflib
 
 from quartet.errors import DataError
-from quartet.tasks import positive_review, tiny_target
+from quartet.tasks import arithmetic, constraints, positive_review, tiny_target
 from quartet.tasks.task import RewardFn, Task
 
-_TASKS: dict[str, Task] = {t.name: t for t in (positive_review.TASK, tiny_target.TASK)}
+_TASKS: dict[str, Task] = {t.name: t for t in (positive_review.TASK, tiny_target.TASK, constraints.TASK, arithmetic.TASK)}
 
 
 def list_tasks() -> list[str]:

@@ -29,6 +29,14 @@ class Task:
     """the judge's scores always lie in this closed interval"""
     judges: dict[str, RewardFn] = field(default_factory=dict)
     """other judges of the task by name (reward spec ``task:<name>/<judge>``): an on-task signal, composites"""
+    rubric: str = ""
+    """the principles an `llm:` judge compares the task's answers by (quartet.judges.llm), one per line; empty: the
+    judges' generic rubric"""
+    binary: bool = False
+    """the gold judge scores right (1) or wrong (0): eval reports its mean as accuracy, pass@1, with pass@k"""
+    breakdown: Callable[[list[str], list[str]], list[dict[str, float]]] | None = None
+    """(prompts, responses) -> each response's scores by group (a level, a constraint kind), which eval reports
+    group by group beside the gold judge's mean; None: no groups"""
 
     def split_path(self, split: str) -> Path:
         """The JSONL file of ``split``; DataError naming the known splits otherwise."""

@@ -1,8 +1,10 @@
 """The experience maker: one iteration's Rollout, everything the update needs and nothing it decides.
 
     1. sample a batch of prompts (seeded per iteration) and `samples_per_prompt` responses to each;
-    2. score every response (reward model or callable; the gold judge too when there is one); missing-EOS
-       penalty, running normalisation, clipping; ReMax also scores one greedy response per prompt;
+    2. score every response (reward model or callable, or the weighted sum of reward_funcs, each term kept for
+       its own log line; the gold judge too when there is one); with dynamic sampling, drop the groups whose
+       scores are all equal and sample more prompts to fill the batch (`_fill`); missing-EOS and overlong
+       penalties, running normalisation, clipping; ReMax also scores one greedy response per prompt;
     3. old log-probs (and values when there is a critic) from the policy, log-probs from the Reference.
 
 The G samples of a prompt are contiguous rows of the Rollout, as the group estimators expect.
@@ -18,16 +20,18 @@ the batch does not depend on how it is split across processes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from accelerate.utils import gather_object
 
+from quartet.algo.advantages import fill_groups, flat_groups
 from quartet.algo.offpolicy import logprob_gap
+from quartet.algo.shaping import overlong_penalty
 from quartet.data import left_pad, prompt_text
 from quartet.eval.stats import distinct_n, repetition_rate
 from quartet.models.trunk import Trunk
-from quartet.rollout.record import Rollout, position_ids_from_mask
+from quartet.rollout.record import Rollout, concat, position_ids_from_mask
 from quartet.rollout.scoring import shape_scores
 from quartet.trainers import sharding
 from quartet.trainers.plan import ForwardPlan
@@ -45,7 +49,8 @@ class Experience:
     entropy: torch.Tensor  # (B, R) actor entropy at sampling time (0 on padding)
     greedy_scores: torch.Tensor | None  # (B,) shaped score of the greedy response to each row's prompt (ReMax)
     timing: dict[str, float]
-    monitors: dict[str, torch.Tensor]  # name -> (B,) scores of the monitor judges (logged only)
+    monitors: dict[str, torch.Tensor]  # name -> (B,) scores of the monitor judges and reward_funcs terms (logged only)
+    stats: dict[str, float] = field(default_factory=dict)  # rollout/zero_std_groups, dynamic sampling's, ...
 
     def sample_records(self, iteration: int) -> list[dict]:
         """One samples.jsonl record per response."""
@@ -61,6 +66,28 @@ class Experience:
                 rec[name] = round(float(values[i]), 5)
             out.append(rec)
         return out
+
+
+@dataclass
+class Sampled:
+    """One round of sampling before any forward: the responses and what each judge said of them (B rows)."""
+
+    rollout: Rollout  # token ids, masks, eos, texts; the engine's log-probs where it records them
+    raw: torch.Tensor  # (B,) the reward's scores
+    gold: torch.Tensor | None  # (B,) the gold judge's
+    logged: dict[str, torch.Tensor]  # name -> (B,): the monitor judges' scores, then each reward_funcs term's
+
+    def select(self, rows: torch.Tensor) -> Sampled:
+        return Sampled(self.rollout.select(rows), self.raw[rows], None if self.gold is None else self.gold[rows],
+                       {k: v[rows] for k, v in self.logged.items()})
+
+    @staticmethod
+    def concat(parts: list[Sampled], pad_id: int) -> Sampled:
+        """The rows of several rounds as one (`record.concat`)."""
+        cat = torch.cat
+        return Sampled(concat([p.rollout for p in parts], pad_id), cat([p.raw for p in parts]),
+                       None if parts[0].gold is None else cat([p.gold for p in parts]),
+                       {k: cat([p.logged[k] for p in parts]) for k in parts[0].logged})
 
 
 class ExperienceMaker:
@@ -86,28 +113,17 @@ class ExperienceMaker:
     def make(self, model, iteration: int) -> Experience:
         """`model`: the prepared PolicyModel (its unwrapped actor is synced into the engine)."""
         cfg, tok, G = self.cfg, self.roles.tokenizer, self.cfg.samples_per_prompt
-        timing = {}
         t = time.perf_counter()
         batch = self.batch_indices(iteration)
-        prompt_ids, prompt_mask = left_pad([self.prompt_ids[i] for i in batch], tok.pad_token_id)
         sharding.sync_engine(self.engine, self.accelerator, model)  # sharded: the gathered full weights
-        offset = self.accelerator.process_index * len(batch) * G  # this process's first global sample
-        ro = self.engine.generate(prompt_ids, prompt_mask, seed=step_seed(cfg.seed, iteration, 1), num_samples=G,
-                                  sample_offset=offset)
-        ro.prompts = [self.prompts[i] for i in batch for _ in range(G)]
-        greedy = self.engine.generate(prompt_ids, prompt_mask, greedy=True) if self.needs_greedy else None
-        timing["timing/generate"] = time.perf_counter() - t
-
-        t = time.perf_counter()
-        raw = self.roles.scorer(ro.prompts, ro.responses)
-        gold = self.roles.gold(ro.prompts, ro.responses) if self.roles.gold is not None else None
-        names = sorted(self.roles.monitors)
-        monitors = [self.roles.monitors[n](ro.prompts, ro.responses) for n in names]
-        greedy_raw = greedy_eos = None
-        if greedy is not None:
-            greedy_raw = self.roles.scorer([self.prompts[i] for i in batch], greedy.responses).repeat_interleave(G)
-            greedy_eos = greedy.eos.repeat_interleave(G)
-        timing["timing/score"] = time.perf_counter() - t
+        timing = {"timing/generate": time.perf_counter() - t, "timing/score": 0.0}
+        sampled, greedy = self._sample(batch, step_seed(cfg.seed, iteration, 1), timing, greedy=self.needs_greedy)
+        stats = {}
+        if cfg.dynamic_sampling:
+            sampled, stats = self._fill(iteration, sampled, timing)
+        ro, raw, gold = sampled.rollout, sampled.raw, sampled.gold
+        names, logged = list(sampled.logged), list(sampled.logged.values())
+        greedy_raw, greedy_eos, greedy_len = greedy if greedy is not None else (None, None, None)
 
         t = time.perf_counter()
         trunk = self.trunk
@@ -131,14 +147,95 @@ class ExperienceMaker:
 
         if self.accelerator.num_processes > 1:
             t = time.perf_counter()
-            ro, raw, gold, entropy, greedy_raw, greedy_eos, *monitors = gather_experience(
-                self.accelerator, ro, tok.pad_token_id, raw, gold, entropy, greedy_raw, greedy_eos, *monitors)
-            timing["timing/gather"] = time.perf_counter() - t
-        # scores -> what is optimised, over the whole batch: EOS penalty, running normalisation, clipping
+            ro, raw, gold, entropy, greedy_raw, greedy_eos, greedy_len, *logged = gather_experience(
+                self.accelerator, ro, tok.pad_token_id, raw, gold, entropy, greedy_raw, greedy_eos, greedy_len, *logged)
+            timing["timing/gather"] = timing.get("timing/gather", 0.0) + time.perf_counter() - t
+        # scores -> what is optimised, over the whole batch: EOS and overlong penalties, running normalisation, clipping
         shaping = {"missing_eos_penalty": cfg.missing_eos_penalty, "moments": self.moments, "clip": cfg.reward_clip}
-        ro.scores = shape_scores(raw, ro.eos, **shaping)
-        greedy_scores = None if greedy_raw is None else shape_scores(greedy_raw, greedy_eos, update=False, **shaping)
-        return Experience(ro, raw, gold, entropy, greedy_scores, timing, dict(zip(names, monitors)))
+        overlong = self._overlong(ro.lengths)
+        ro.scores = shape_scores(raw, ro.eos, overlong=overlong, **shaping)
+        greedy_scores = None if greedy_raw is None else shape_scores(greedy_raw, greedy_eos, update=False,
+                                                                     overlong=self._overlong(greedy_len), **shaping)
+        if G >= 2:  # the groups that teach nothing (the doctor's no_group_signal reads this)
+            stats["rollout/zero_std_groups"] = flat_groups(ro.scores, G).float().mean().item()
+        if overlong is not None:
+            stats["objective/overlong_penalty"] = overlong.mean().item()
+        return Experience(ro, raw, gold, entropy, greedy_scores, timing, dict(zip(names, logged)), stats)
+
+    def _sample(self, batch: list[int], seed: int, timing: dict, greedy: bool = False):
+        """G responses to each of this process's prompts `batch`, drawn from `seed`, and what the judges say of them
+        -> (Sampled, None or ReMax's greedy (scores, eos, lengths), each repeated for the G rows of its prompt)."""
+        tok, G = self.roles.tokenizer, self.cfg.samples_per_prompt
+        t = time.perf_counter()
+        prompt_ids, prompt_mask = left_pad([self.prompt_ids[i] for i in batch], tok.pad_token_id)
+        offset = self.accelerator.process_index * len(batch) * G  # this process's first global sample
+        ro = self.engine.generate(prompt_ids, prompt_mask, seed=seed, num_samples=G, sample_offset=offset)
+        ro.prompts = [self.prompts[i] for i in batch for _ in range(G)]
+        greedy_ro = self.engine.generate(prompt_ids, prompt_mask, greedy=True) if greedy else None
+        timing["timing/generate"] += time.perf_counter() - t
+
+        t = time.perf_counter()
+        raw, terms = self.roles.scorer.terms(ro.prompts, ro.responses)
+        gold = self.roles.gold(ro.prompts, ro.responses) if self.roles.gold is not None else None
+        logged = {n: self.roles.monitors[n](ro.prompts, ro.responses) for n in sorted(self.roles.monitors)}
+        logged.update(terms)  # reward_funcs: each term's own scores, logged as rollout/reward_<name>
+        baseline = None
+        if greedy_ro is not None:
+            greedy_raw = self.roles.scorer([self.prompts[i] for i in batch], greedy_ro.responses)
+            baseline = tuple(x.repeat_interleave(G) for x in (greedy_raw, greedy_ro.eos, greedy_ro.lengths))
+        timing["timing/score"] += time.perf_counter() - t
+        return Sampled(ro, raw, gold, logged), baseline
+
+    def _fill(self, iteration: int, first: Sampled, timing: dict) -> tuple[Sampled, dict[str, float]]:
+        """DAPO's dynamic sampling (Yu et al. 2025, sec. 3.2): a group whose G scores are all equal has advantage 0
+        and teaches nothing, so such groups are dropped and rounds of rollout_batch_size more prompts per process are
+        sampled until the whole batch's groups with signal fill it, for at most dynamic_sampling_rounds rounds; a
+        batch still short then takes the first groups dropped, so every iteration trains on as many groups. Each
+        round is gathered onto every process before the choice, which is then the same on all and the same as one
+        process with the whole batch would make; this process then forwards its share of the chosen rows."""
+        cfg, G = self.cfg, self.cfg.samples_per_prompt
+        size, world, rank = cfg.rollout_batch_size, self.accelerator.num_processes, self.accelerator.process_index
+        target = size * world  # groups in the whole batch
+        rounds = [self._everyone(first, timing)]
+        flat = [self._flat(rounds[0])]
+        while len(rounds) < cfg.dynamic_sampling_rounds and int(sum((~f).sum() for f in flat)) < target:
+            r = len(rounds)
+            more, _ = self._sample(self.round_indices(iteration, r), step_seed(cfg.seed, iteration, ROUND_SAMPLING + r),
+                                   timing)
+            rounds.append(self._everyone(more, timing))
+            flat.append(self._flat(rounds[-1]))
+        flat = torch.cat(flat)  # (groups sampled,) over the rounds, each round in global order
+        chosen = fill_groups(flat, target)
+        rows = (chosen.unsqueeze(1) * G + torch.arange(G)).flatten()
+        mine = rows[rank * size * G : (rank + 1) * size * G]
+        stats = {"rollout/dropped_groups": (flat.sum() - flat[chosen].sum()).item() / len(flat),
+                 "rollout/sampling_rounds": float(len(rounds))}
+        return Sampled.concat(rounds, self.roles.tokenizer.pad_token_id).select(mine), stats
+
+    def _everyone(self, sampled: Sampled, timing: dict) -> Sampled:
+        """Every process's rows of one round of sampling, in rank order, on every process."""
+        if self.accelerator.num_processes == 1:
+            return sampled
+        t = time.perf_counter()
+        ro, raw, gold, *logged = gather_experience(self.accelerator, sampled.rollout, self.roles.tokenizer.pad_token_id,
+                                                   sampled.raw, sampled.gold, *sampled.logged.values())
+        timing["timing/gather"] = timing.get("timing/gather", 0.0) + time.perf_counter() - t
+        return Sampled(ro, raw, gold, dict(zip(sampled.logged, logged)))
+
+    def _flat(self, sampled: Sampled) -> torch.Tensor:
+        """(groups,) bool: the groups whose scores, with the EOS and overlong penalties (normalisation and clipping
+        come once the batch is chosen), are all equal."""
+        ro = sampled.rollout
+        scores = shape_scores(sampled.raw, ro.eos, missing_eos_penalty=self.cfg.missing_eos_penalty, moments=None,
+                              clip=None, overlong=self._overlong(ro.lengths))
+        return flat_groups(scores, self.cfg.samples_per_prompt)
+
+    def _overlong(self, lengths: torch.Tensor | None) -> torch.Tensor | None:
+        """(B,) DAPO's soft overlong penalties of responses of `lengths`; None when overlong_buffer is 0."""
+        cfg = self.cfg
+        if not cfg.overlong_buffer or lengths is None:
+            return None
+        return overlong_penalty(lengths, cfg.generation.max_new_tokens, cfg.overlong_buffer, cfg.overlong_penalty)
 
     def _chunked(self, forward, ro: Rollout) -> list[torch.Tensor | None]:
         """Run `forward` over micro-batches under autocast; its (B, R) outputs in row order, 0 on padding.
@@ -191,6 +288,17 @@ class ExperienceMaker:
         return out
 
 
+    def round_indices(self, iteration: int, round_: int) -> list[int]:
+        """This process's prompts for round `round_` >= 1 of dynamic sampling in `iteration`: rollout_batch_size of a
+        permutation of their own per (iteration, round), taken in order by process, so the extra rounds take nothing
+        from later iterations' prompts and do not depend on how the batch is split across processes."""
+        n, size = len(self.prompt_ids), self.cfg.rollout_batch_size
+        g = torch.Generator().manual_seed(step_seed(self.cfg.seed, iteration, ROUND_PROMPTS + round_))
+        perm = torch.randperm(n, generator=g).tolist()
+        first = self.accelerator.process_index * size
+        return [perm[(first + k) % n] for k in range(size)]
+
+
 def gather_experience(accelerator, ro: Rollout, pad_id: int, *per_row):
     """Every process's rows, in rank order, on every process: the Rollout (prompts left-padded and responses
     right-padded to common widths) and each (B, ...) tensor in `per_row` (None stays None)."""
@@ -208,12 +316,18 @@ def gather_experience(accelerator, ro: Rollout, pad_id: int, *per_row):
         eos=cat(ro.eos.long()).bool(), prompts=gather_object(list(ro.prompts)),
         responses=gather_object(list(ro.responses)), old_logprobs=cat(ro.old_logprobs),
         ref_logprobs=cat(ro.ref_logprobs), values=cat(ro.values), engine_logprobs=cat(ro.engine_logprobs),
+        engine_entropy=cat(ro.engine_entropy),
     )
     return (out, *(cat(x) if x is None or x.dtype != torch.bool else cat(x.long()).bool() for x in per_row))
 
 
+ROUND_SAMPLING, ROUND_PROMPTS = 100, 200
+"""dynamic sampling's round r >= 1 samples from stream ROUND_SAMPLING + r, its prompts from ROUND_PROMPTS + r"""
+
+
 def step_seed(seed: int, iteration: int, stream: int) -> int:
-    """The seed of one random stream of one iteration (1 sampling, 2 minibatch order, 3 prompt order)."""
+    """The seed of one random stream of one iteration (1 sampling, 2 minibatch order, 3 prompt order; dynamic
+    sampling's extra rounds: ROUND_SAMPLING + r, ROUND_PROMPTS + r)."""
     return (seed * 1_000_003 + iteration * 7919 + stream * 104_729) % (2**31)
 
 

@@ -7,9 +7,17 @@ InstructGPT had labellers rank K answers; here a judge (any reward function, e.g
 judge) scores them instead. Pairing: the best against the worst answer of each prompt, or every pair
 whose score gap exceeds `min_gap`. Pairs at most `min_gap` apart are ties: dropped and counted, as are
 empty and duplicate answers (a preference file cannot hold them). Human-labelled preference files skip
-this stage and go straight to `quartet rm`.
+this stage and go straight to `quartet rm`; `judge: none` only samples, writing the answers file (score null) for
+people to rank in `quartet annotate`.
+
+An `llm:<model>` judge (AI feedback from a language model under a rubric, quartet.rollout.judging) ranks each
+prompt's K answers instead of scoring them one by one: all K(K-1)/2 pairs, each judged in both orders (made one
+verdict as llm_judge.orders says), each answer scored by its share of wins (ties half), then paired by the same rules. Its verdicts go to a cache beside the pairs
+(`<stem>.verdicts.sqlite`) as they come, so a run killed half-way and run again (the same seed samples the same
+answers) pays only for the verdicts it had not got.
 
     quartet label policy=runs/sft/model prompts.path=task:positive-review/train num_samples=4
+    quartet label ... judge=llm:smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ import yaml
 
 from quartet.atomic import atomic_write_files
 from quartet.config import LabelConfig, config_text, load_config, load_yaml, validate
+from quartet.config.stages import NO_JUDGE
 from quartet.data import encode_prompts, left_pad, load_prompts
 from quartet.errors import ConfigError, DataError
+from quartet.judges.llm import cache_file
 from quartet.models import load_causal_lm
 from quartet.models.loading import check_context
 from quartet.monitor import Progress
@@ -35,6 +45,7 @@ from quartet.monitor.tracking import open_trackers
 from quartet.outputs import check_output_file, run_lock
 from quartet.preflight import check_names
 from quartet.rollout.engine import make_engine
+from quartet.rollout.judging import PairwiseRanker, is_llm_spec, open_llm_judge
 from quartet.rollout.scoring import Scorer
 from quartet.trainers import loop
 
@@ -60,12 +71,15 @@ class LabelCounts:
 class LabelResult:
     output: Path
     counts: LabelCounts
-    score_mean: float
-    """mean judge score over every sampled answer"""
-    gap_mean: float
-    """mean chosen - rejected score over the kept pairs"""
+    score_mean: float | None
+    """mean judge score over every sampled answer (None with `judge: none`)"""
+    gap_mean: float | None
+    """mean chosen - rejected score over the kept pairs (None with `judge: none`)"""
     seconds: float
     summary: Path = field(default=None)
+    judge_stats: dict = field(default_factory=dict)
+    """an `llm:` judge's tally as the trackers log it (label/judge_pairs, label/position_bias, label/judge_ties,
+    label/judge_calls, label/cache_hits); empty for any other judge"""
 
 
 def label(cfg: LabelConfig, overwrite: bool = False) -> LabelResult:
@@ -73,18 +87,33 @@ def label(cfg: LabelConfig, overwrite: bool = False) -> LabelResult:
     only files it wrote, and refuses any other file at one of its paths (check_outputs)."""
     validate(cfg)
     output = Path(cfg.output)
-    check_outputs(output)
+    check_outputs(output, verdicts_path(cfg))
     with run_lock(output, "label.output"):
         return _label(cfg, output)
 
 
-def check_outputs(output: Path) -> None:
+def check_outputs(output: Path, verdicts: Path | None = None) -> None:
     """Refuse to write any of the stage's files (the pairs, the answers, the config, the summary) over a folder, a
     link, or a file Quartet did not write. They are Quartet's when the config beside the pairs is a label
-    stage's config: a user's file at one of these paths is never replaced."""
+    stage's config: a user's file at one of these paths is never replaced. `verdicts`: an `llm:` judge's verdict
+    cache (verdicts_path), refused here as a folder or a link; a file there is kept and added to only when it is a
+    verdict cache, which the cache checks itself (quartet.judges.verdict_cache), before any model loads: the cache a
+    run killed half-way left, before its config was written, is how the rerun pays only for the rest."""
     owned = _is_label_config(_sidecar(output, "config.yaml"))
     for path, what in _files(output):
         check_output_file(path, owned, f"label.output{what}")
+    if verdicts is not None:
+        check_output_file(verdicts, True, "label.llm_judge.cache")
+
+
+def verdicts_path(cfg: LabelConfig) -> Path | None:
+    """The verdict cache of an `llm:` judge: "auto" = `<output stem>.verdicts.sqlite` beside the pairs, else the
+    path set; None for another judge or with `llm_judge.cache: null`."""
+    if not is_llm_spec(cfg.judge) or cfg.llm_judge.cache is None:
+        return None
+    if cfg.llm_judge.cache == "auto":
+        return _sidecar(Path(cfg.output), "verdicts.sqlite")
+    return cache_file(cfg.llm_judge.cache, Path(cfg.output).parent)
 
 
 def _files(output: Path) -> list[tuple[Path, str]]:
@@ -112,7 +141,8 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     # 1. inputs first, so a bad name, file or judge fails before any model loads
     check_names("label", cfg)
     examples = load_prompts(cfg.prompts)
-    judge = Scorer(cfg.judge, timeout=cfg.judge_timeout)  # reward model (any tokenizer) or reward function
+    # reward model (any tokenizer) or reward function; none: people judge the answers later (`quartet annotate`)
+    judge = None if cfg.judge == NO_JUDGE else _judge(cfg)
     model, tok = load_causal_lm(cfg.policy, torch.float32)
     encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
                              cfg.prompts.chat_template, where=cfg.prompts.path)
@@ -132,19 +162,26 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
         ids, mask = left_pad([encoded.input_ids[i] for i in chunk], tok.pad_token_id)
         rollout = engine.generate(ids, mask, seed=cfg.seed + start, num_samples=cfg.num_samples)
         answers = rollout.responses
-        scores = judge([prompts[i] for i in chunk for _ in range(cfg.num_samples)], answers).tolist()
+        asked = [prompts[i] for i in chunk for _ in range(cfg.num_samples)]
+        scores = judge(asked, answers).tolist() if judge is not None else [None] * len(answers)
         all_scores += scores
         for j, i in enumerate(chunk):
             k = slice(j * cfg.num_samples, (j + 1) * cfg.num_samples)
             samples += [{"prompt": prompts[i], "completion": answer, "score": score, "sample": n}
                         for n, (answer, score) in enumerate(zip(answers[k], scores[k]))]
+            if judge is None:
+                continue
             for chosen, rejected, cs, rs in make_pairs(answers[k], scores[k], cfg.pairing, cfg.min_gap, counts):
                 rows.append({"prompt": prompts[i], "chosen": chosen, "rejected": rejected,
                              "chosen_score": cs, "rejected_score": rs})
         counts.pairs = len(rows)
         bar.update(len(chunk), {"label/pairs": counts.pairs, "label/ties": counts.ties}, n=len(chunk))
     bar.close()
+    if isinstance(judge, PairwiseRanker):
+        judge.close()  # every verdict is committed; the cache's file is left whole, its write-ahead log folded in
     counts.samples = len(all_scores)
+    if judge is None:
+        return _write_answers_only(cfg, output, samples, LabelResult(output, counts, None, None, timer.seconds))
     if not rows:
         raise DataError(
             f"label: no pairs from {counts.prompts} prompts ({counts.ties} ties at min_gap={cfg.min_gap}, "
@@ -156,18 +193,12 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     #    (atomic_write_files), so a full disk leaves none of them
     gaps = [r["chosen_score"] - r["rejected_score"] for r in rows]
     result = LabelResult(output, counts, statistics.fmean(all_scores), statistics.fmean(gaps), timer.seconds,
-                         summary=_sidecar(output, "summary.md"))
+                         summary=_sidecar(output, "summary.md"), judge_stats=_judge_stats(judge))
     summary = loop.format_summary(
         f"label: {cfg.policy} judged by {cfg.judge}",
         {
-            "sampling": {
-                "prompts": counts.prompts,
-                "answers (K per prompt)": f"{counts.samples} ({cfg.num_samples})",
-                "temperature / top_p / max_new_tokens": (
-                    f"{cfg.generation.temperature} / {cfg.generation.top_p} / {cfg.generation.max_new_tokens}"),
-                "judge score mean": result.score_mean,
-                "time": f"{result.seconds:.1f} s",
-            },
+            "sampling": _sampling(cfg, result) | {"judge score mean": result.score_mean,
+                                                  "time": f"{result.seconds:.1f} s"},
             "pairs": {
                 "rule": f"{cfg.pairing}, gap > {cfg.min_gap}",
                 "kept": counts.pairs,
@@ -176,6 +207,7 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
                 "prompts with < 2 distinct answers": counts.too_few,
                 "mean chosen - rejected score": result.gap_mean,
             },
+            **_judge_section(cfg, result),
             "output": {"preference pairs": output, "every answer with its score": samples_path(output),
                        "next": f"quartet rm data.path={output}"},
         },
@@ -185,6 +217,71 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     _report(cfg, result)
     print(summary)
     return result
+
+
+def _judge(cfg: LabelConfig) -> Scorer | PairwiseRanker:
+    """A reward model (any tokenizer) or reward function scoring each answer; or, for `llm:<model>`, a language
+    model ranking each prompt's K answers by their wins over each other (quartet.rollout.judging), its verdicts
+    cached beside the pairs. Built before the policy loads: a wrong server URL, key or model stops the stage first."""
+    if is_llm_spec(cfg.judge):
+        llm = open_llm_judge(cfg.judge, cfg.llm_judge, cfg.prompts.path, verdicts_path(cfg), "label")
+        return PairwiseRanker(llm, cfg.num_samples, cfg.llm_judge.orders)
+    return Scorer(cfg.judge, timeout=cfg.judge_timeout)
+
+
+def _judge_stats(judge) -> dict:
+    """An `llm:` judge's tally as the trackers log it: the share of judged pairs the order decided (position bias)
+    and that neither answer won in both orders (ties), the verdicts paid for and those read back."""
+    if not isinstance(judge, PairwiseRanker):
+        return {}
+    return {"label/judge_pairs": judge.tally.pairs, "label/position_bias": judge.tally.position_bias,
+            "label/judge_ties": judge.tally.tie_rate, "label/judge_calls": judge.judge.calls,
+            "label/cache_hits": judge.judge.hits}
+
+
+def _judge_section(cfg: LabelConfig, result: LabelResult) -> dict:
+    """The summary's section on an `llm:` judge (none for another judge)."""
+    stats = result.judge_stats
+    if not stats:
+        return {}
+    return {"llm judge": {
+        "pairs of answers judged, each in both orders": stats["label/judge_pairs"],
+        "position bias (share of pairs the order decided)": stats["label/position_bias"],
+        "two orders made one verdict by (llm_judge.orders)": cfg.llm_judge.orders,
+        "ties (share of pairs neither answer won)": stats["label/judge_ties"],
+        "verdicts asked / read from the cache": f"{stats['label/judge_calls']} / {stats['label/cache_hits']}",
+        "verdict cache": verdicts_path(cfg) or "none",
+    }}
+
+
+def _write_answers_only(cfg: LabelConfig, output: Path, samples: list[dict], result: LabelResult) -> LabelResult:
+    """`judge: none`: the config, every answer (score null) and the summary, written as one; no pairs. A pairs file
+    an earlier judged run left at `output` (Quartet's: check_outputs refused any other) is removed once the answers
+    are in place: it came from other draws, and it would mark this output as a judged one."""
+    answers = samples_path(output)
+    result.summary = _sidecar(output, "summary.md")
+    summary = loop.format_summary(
+        f"label: {cfg.policy}, answers only (judge: none)",
+        {
+            "sampling": _sampling(cfg, result) | {"time": f"{result.seconds:.1f} s"},
+            "output": {"every answer (score null)": answers, "preference pairs": "none: people rank the answers",
+                       "next": f"quartet annotate {answers} --out {output.parent / 'annotate'}"},
+        },
+    )
+    atomic_write_files({_sidecar(output, "config.yaml"): config_text(cfg), answers: _jsonl(samples),
+                        result.summary: summary})
+    output.unlink(missing_ok=True)
+    _report(cfg, result)
+    print(summary)
+    return result
+
+
+def _sampling(cfg: LabelConfig, result: LabelResult) -> dict:
+    """The summary's sampling section, judged or not."""
+    gen = cfg.generation
+    return {"prompts": result.counts.prompts,
+            "answers (K per prompt)": f"{result.counts.samples} ({cfg.num_samples})",
+            "temperature / top_p / max_new_tokens": f"{gen.temperature} / {gen.top_p} / {gen.max_new_tokens}"}
 
 
 def make_pairs(answers: list[str], scores: list[float], pairing: str, min_gap: float, counts: LabelCounts):
@@ -224,10 +321,11 @@ def _report(cfg: LabelConfig, result: LabelResult) -> None:
         log.warning("warning: %s", e)
         return
     c = result.counts
-    trackers.log({"label/prompts": c.prompts, "label/samples": c.samples, "label/pairs": c.pairs,
-                  "label/ties": c.ties, "label/empty": c.empty, "label/duplicates": c.duplicates,
-                  "label/score_mean": result.score_mean, "label/gap_mean": result.gap_mean,
-                  "timing/total": result.seconds}, 0)
+    stats = {"label/prompts": c.prompts, "label/samples": c.samples, "label/pairs": c.pairs,
+             "label/ties": c.ties, "label/empty": c.empty, "label/duplicates": c.duplicates,
+             "label/score_mean": result.score_mean, "label/gap_mean": result.gap_mean,
+             "timing/total": result.seconds, **result.judge_stats}
+    trackers.log({k: v for k, v in stats.items() if v is not None}, 0)  # None: not judged (judge: none)
     trackers.finish()
 
 

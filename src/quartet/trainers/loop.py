@@ -9,9 +9,11 @@ decay, the optimizer-step count, a seeded train/eval split, a shuffled loader, t
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import math
+import os
 import random
 import tempfile
 import time
@@ -19,14 +21,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 from transformers import get_scheduler
 
 from quartet.allocator import retain_freed_memory
 from quartet.config import OptimConfig
-from quartet.errors import DataError
+from quartet.errors import ConfigError, DataError
 from quartet.models.precision import (  # noqa: F401 (the trainers call them as loop.*; eval needs them too)
     cpu_has_bf16,
     generation_dtype,
@@ -53,8 +55,37 @@ def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
     AcceleratorState._reset_state()
     # without a GPU, say so: then a multi-process launch (torchrun, or `accelerate launch` with the
     # configs/accelerate/ddp-cpu.yaml config) runs data-parallel over gloo instead of N separate runs
+    timeout = process_group_timeout()
+    if timeout is not None:
+        # the process group is made once, by the first state of the process: made here, it takes the timeout as
+        # given (accelerate's InitProcessGroupKwargs drops a value equal to its NCCL default of 600 s, leaving gloo's
+        # 1800)
+        PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
     return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum,
                        cpu=not torch.cuda.is_available())
+
+
+DIST_TIMEOUT = "QUARTET_DIST_TIMEOUT"
+
+
+def process_group_timeout() -> datetime.timedelta | None:
+    """QUARTET_DIST_TIMEOUT=<seconds>: how long a process of a multi-process run waits in one collective (or at the
+    rendezvous) for a peer before it stops with an error. It bounds a peer that went silent: its host powered off or
+    cut off, or its process stuck. A peer whose process died is noticed at once whatever this is: its kernel closes
+    its connections. Unset (None): torch's default, 30 min on gloo and 10 on NCCL. A value must outlast the longest
+    wait of a healthy run: the processes' start-up (the first to import waits for the last at the process group),
+    the main process writing a checkpoint or the final model while the others wait at a barrier, and one process's
+    judge call (up to judge_timeout, 600 s by default) while the others wait at the experience gather."""
+    text = os.environ.get(DIST_TIMEOUT)
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"{DIST_TIMEOUT}: must be a number of seconds > 0, got {text!r}")
+    return datetime.timedelta(seconds=seconds)
 
 
 @contextlib.contextmanager
@@ -112,6 +143,52 @@ def split_train_eval(examples: list, eval_fraction: float, seed: int, eval_examp
 def make_loader(items: Sequence, batch_size: int, collate: Callable, shuffle: bool, seed: int = 0) -> DataLoader:
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(list(items), batch_size=batch_size, shuffle=shuffle, collate_fn=collate, generator=generator)
+
+
+class GroupBatches:
+    """Batches of row indices made of whole groups (a prompt's pairs): groups in a seeded random order each epoch,
+    packed in that order into batches of at most `max_rows` rows; a group larger than that is a batch of its own.
+
+    The number of batches follows the packing, so it may differ by a batch or two from epoch to epoch; `len` is the
+    coming epoch's (the trainers count their steps from the first). No `batch_size` attribute: accelerate then shards
+    the batches as they are, of any size, instead of expecting full ones."""
+
+    def __init__(self, groups: Sequence, max_rows: int, seed: int):
+        members: dict = {}
+        for i, key in enumerate(groups):
+            members.setdefault(key, []).append(i)
+        self.groups = list(members.values())
+        self.max_rows = max_rows
+        self.rng = random.Random(seed)
+        self.coming = self._pack()
+
+    def _pack(self) -> list[list[int]]:
+        order = list(self.groups)
+        self.rng.shuffle(order)
+        batches: list[list[int]] = []
+        for group in order:
+            if batches and len(batches[-1]) + len(group) <= self.max_rows:
+                batches[-1] = batches[-1] + group
+            else:
+                batches.append(list(group))
+        return batches
+
+    def __len__(self) -> int:
+        return len(self.coming)
+
+    def __iter__(self):
+        batches, self.coming = self.coming, self._pack()
+        return iter(batches)
+
+
+def prompt_groups(examples: Sequence) -> list[str]:
+    """The group of each example: its prompt (text or messages) as one key."""
+    return [json.dumps(ex.prompt, sort_keys=True) for ex in examples]
+
+
+def make_group_loader(items: Sequence, groups: Sequence, max_rows: int, collate: Callable, seed: int) -> DataLoader:
+    """A loader whose batches hold whole groups (`GroupBatches`)."""
+    return DataLoader(list(items), batch_sampler=GroupBatches(groups, max_rows, seed), collate_fn=collate)
 
 
 def model_max_len(config, max_seq_len: int, stage: str) -> int:

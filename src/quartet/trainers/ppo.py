@@ -35,10 +35,12 @@ from quartet.algo import (
     AdaptiveKL,
     FixedKL,
     aggregate,
+    cispo_loss,
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
     get_estimator,
+    kept_rows_scale,
     kl_estimate,
     masked_mean,
     masked_whiten,
@@ -237,11 +239,12 @@ class PPOTrainer:
         exp = self.experience.make(self.model, iteration)                       # 1. experience
         ro, mask, beta = exp.rollout, exp.rollout.response_mask, self.kl_ctl.value
         ro.rewards, ro.kl = token_rewards(                                       # 2. per-token rewards
-            ro.scores, ro.old_logprobs, ro.ref_logprobs, mask, beta if cfg.kl_in_reward else 0.0, cfg.kl_estimator
+            ro.scores, ro.old_logprobs, ro.ref_logprobs, mask, beta if cfg.kl_in_reward else 0.0, cfg.kl_estimator,
+            length_coef=cfg.length_penalty,
         )
         ro.advantages, ro.returns = self.estimator(                              # 3. credit assignment
             ro.rewards, mask, values=ro.values, group_size=cfg.samples_per_prompt, gamma=cfg.gamma, lam=cfg.lam,
-            greedy_scores=exp.greedy_scores,
+            greedy_scores=exp.greedy_scores, scale_rewards=cfg.scale_rewards,
         )
         if cfg.whiten:
             ro.advantages = masked_whiten(ro.advantages, mask) * mask
@@ -267,6 +270,9 @@ class PPOTrainer:
             "timing/update": update_time,
             "timing/total": time.perf_counter() - t0,
         }
+        metrics.update(exp.stats)
+        if cfg.length_penalty:
+            metrics["objective/length_penalty"] = -cfg.length_penalty * ro.lengths.mean().item()
         if exp.gold is not None:
             metrics["objective/gold"] = exp.gold.mean().item()
         for name, values in exp.monitors.items():
@@ -276,39 +282,54 @@ class PPOTrainer:
         metrics["memory/peak_rss_mb"] = peak_rss_mb()
         return StepResult(metrics, exp.sample_records(iteration))
 
-    def _loss(self, mb: Rollout, beta: float, part: str) -> tuple[torch.Tensor, dict]:
+    def _loss(self, mb: Rollout, beta: float, part: str, kept_scale: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, dict]:
         """The micro-batch loss of `part`: "both" (clipped policy loss - entropy bonus + KL term + value loss),
-        or with a separate critic "actor" or "critic" alone; and its statistics."""
+        or with a separate critic "actor" or "critic" alone; and its statistics. `kept_scale`: with
+        mask_truncated_completions, the minibatch's `kept_rows_scale` (the actor's terms over the rows kept)."""
         cfg, mask = self.cfg, mb.response_mask
         agg, norm = cfg.loss_aggregation, cfg.generation.max_new_tokens
         with self.accelerator.autocast():
             logprobs, entropy, values = self.model(mb, with_entropy_grad=cfg.entropy_coef > 0, part=part)
         loss, stats = 0.0, {}
         if part != "critic":
-            loss, stats = self._policy_loss(mb, beta, logprobs, entropy)
+            loss, stats = self._policy_loss(mb, beta, logprobs, entropy, kept_scale)
         if values is not None:
             vf_loss, vstats = clipped_value_loss(values, mb.values, mb.returns, mask, cfg.value_clip, agg, norm)
             loss = loss + cfg.vf_coef * vf_loss
             stats.update({"value/loss": vf_loss.detach(), "value/clipfrac": vstats["value/clipfrac"]})
         return loss, stats
 
-    def _policy_loss(self, mb: Rollout, beta: float, logprobs, entropy) -> tuple[torch.Tensor, dict]:
+    def _policy_loss(self, mb: Rollout, beta: float, logprobs, entropy, kept_scale=None) -> tuple[torch.Tensor, dict]:
         cfg, mask = self.cfg, mb.response_mask
         agg, norm = cfg.loss_aggregation, cfg.generation.max_new_tokens
         advantages, tis_stats = mb.advantages, {}
         if cfg.tis_cap is not None and mb.engine_logprobs is not None:  # TIS, see algo/offpolicy.py
             weights, tis_stats = truncated_importance_weights(mb.old_logprobs, mb.engine_logprobs, mask, cfg.tis_cap)
             advantages = advantages * weights
-        loss, stats = clipped_policy_loss(logprobs, mb.old_logprobs, advantages, mask, cfg.clip, agg,
-                                          ratio_level=cfg.ratio_level, norm_len=norm)
+        keep = None
+        if kept_scale is not None:  # truncated answers out of the actor's terms: a 0 advantage, entropy and KL there
+            keep = mb.eos.to(mask.dtype).unsqueeze(1)
+            advantages = advantages * keep
+        if cfg.policy_loss == "cispo":
+            loss, stats = cispo_loss(logprobs, mb.old_logprobs, advantages, mask, cfg.cispo_max_weight,
+                                     cfg.cispo_min_weight, agg, ratio_level=cfg.ratio_level, norm_len=norm)
+        else:
+            low, high = cfg.ratio_clip
+            loss, stats = clipped_policy_loss(logprobs, mb.old_logprobs, advantages, mask, low, agg,
+                                              ratio_level=cfg.ratio_level, norm_len=norm, clip_high=high,
+                                              dual_clip=cfg.dual_clip)
         stats.update(tis_stats)
-        stats["policy/loss"] = loss.detach()
+        stats["policy/loss"] = (loss if kept_scale is None else loss * kept_scale).detach()
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * aggregate(entropy, mask, agg, norm)
+            loss = loss - cfg.entropy_coef * aggregate(entropy if keep is None else entropy * keep, mask, agg, norm)
         if not cfg.kl_in_reward:
-            kl_loss = aggregate(kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_estimator), mask, agg, norm)
+            kl = kl_estimate(logprobs, mb.ref_logprobs, cfg.kl_estimator)
+            kl_loss = aggregate(kl if keep is None else kl * keep, mask, agg, norm)
             loss = loss + beta * kl_loss
-            stats["policy/kl_loss"] = kl_loss.detach()
+            stats["policy/kl_loss"] = (kl_loss if kept_scale is None else kl_loss * kept_scale).detach()
+        if kept_scale is not None:  # each term's mean over the kept rows alone (algo.kept_rows_scale)
+            loss = loss * kept_scale
         return loss, stats
 
     def _update(self, ro: Rollout, iteration: int, beta: float) -> dict[str, float]:
@@ -346,13 +367,17 @@ class PPOTrainer:
             span = ro.select(global_mb).real_span()
             micro = [mine[i : i + cfg.micro_batch_size] for i in range(0, len(mine), cfg.micro_batch_size)]
             total = ro.response_mask[global_mb].sum() if cfg.loss_aggregation == "token-mean" else len(global_mb)
+            kept_scale = None  # DAPO's overlong filtering: the actor's terms averaged over the answers that ended
+            if cfg.mask_truncated_completions:
+                kept_scale = kept_rows_scale(ro.response_mask[global_mb], ro.eos[global_mb].to(torch.float32),
+                                             cfg.loss_aggregation)
             stepped_all = True
             for part, indices in parts:
                 for k, idx in enumerate(micro):
                     mb = ro.select(idx).trimmed(span)
                     share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
-                        loss, stats = self._loss(mb, beta, part)
+                        loss, stats = self._loss(mb, beta, part, kept_scale)
                         self.accelerator.backward(loss * share * world)
                         # not held through the next micro-batch's forward: it kept 70-105 MB more at the update's
                         # peak (SmolLM2 LoRA + shared head, the demo's PPO, measured on the CPU)
@@ -600,7 +625,7 @@ def _summary(cfg: PPOConfig, result: PPOResult, best: ckpt.BestTracker, notes: l
             "policy/clipfrac", "value/loss", "value/explained_variance", "rollout/length_mean",
             "rollout/eos_rate", "rollout/distinct_2", "timing/total", "memory/peak_rss_mb"]
     run = {
-        "policy / reward": f"{cfg.policy} / {cfg.reward}",
+        "policy / reward": f"{cfg.policy} / {cfg.reward_text}",
         "advantage estimator": f"{cfg.advantage} (G = {cfg.samples_per_prompt}), critic: {cfg.critic_kind}",
         "LoRA": cfg.lora.enabled,
         "iterations": f"{result.iterations}/{cfg.iterations}"

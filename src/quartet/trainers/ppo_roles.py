@@ -44,7 +44,7 @@ from quartet.models.trunk import Trunk
 from quartet.rollout.forward import response_logprobs as actor_logprobs  # the forward quartet eval shares
 from quartet.rollout.forward import shared_prefix
 from quartet.rollout.record import Rollout, position_ids_from_mask
-from quartet.rollout.scoring import Scorer, is_reward_model_spec
+from quartet.rollout.scoring import RewardSum, Scorer, is_reward_model_spec
 from quartet.trainers.loop import generation_dtype
 
 
@@ -99,7 +99,7 @@ class Roles:
     temperature: float  # the Actor's sampling temperature: every log-prob of the actor or the reference is taken at it
     tokenizer: object
     reference: nn.Module | None  # None: the adapter-disabled actor is the reference
-    scorer: Scorer
+    scorer: Scorer | RewardSum  # RewardSum: reward_funcs, each term also logged as rollout/reward_<name>
     gold: Scorer | None
     monitors: dict[str, Scorer]  # logged as rollout/<name>, never optimised
 
@@ -138,7 +138,7 @@ def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Ro
         disable_dropout(reference)
     if reference is not None:  # it only runs under that autocast
         precast_linears(reference, compute)
-    scorer = Scorer(cfg.reward, autocast=compute, timeout=cfg.judge_timeout)  # as the trainer's own forwards
+    scorer = _reward(cfg, compute)
     gold = Scorer(cfg.gold, timeout=cfg.judge_timeout) if cfg.gold else None
     monitors = {}
     for name, spec in cfg.monitor_judges.items():
@@ -153,12 +153,31 @@ def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Ro
                  reference, scorer, gold, monitors)
 
 
+def _reward(cfg: PPOConfig, compute: torch.dtype) -> Scorer | RewardSum:
+    """The Reward role: `reward`, or the weighted sum of `reward_funcs`. A reward model runs its matmuls in the
+    trainer's autocast dtype, as the trainer's own forwards."""
+    if not cfg.reward_funcs:
+        return Scorer(cfg.reward, autocast=compute, timeout=cfg.judge_timeout)
+    weights = cfg.reward_weights or [1.0] * len(cfg.reward_funcs)
+    terms = [(name, w, spec) for (name, spec), w in zip(cfg.reward_terms.items(), weights)]
+    try:
+        return RewardSum(terms, autocast=compute, timeout=cfg.judge_timeout)
+    except ConfigError as e:
+        raise ConfigError(f"ppo.reward_funcs: {e}") from None
+
+
+def _reward_model(cfg: PPOConfig) -> str | None:
+    """The reward model the reward reads (the first of reward_funcs' that is one), else None."""
+    return next((s for s in cfg.reward_funcs or [cfg.reward] if is_reward_model_spec(s)), None)
+
+
 def _build_critic(cfg: PPOConfig, actor_tok) -> nn.Module:
     init = cfg.critic_init
     if init is None:
         init = cfg.policy
-        if is_reward_model_spec(cfg.reward) and load_tokenizer(cfg.reward).get_vocab() == actor_tok.get_vocab():
-            init = cfg.reward
+        rm = _reward_model(cfg)
+        if rm is not None and load_tokenizer(rm).get_vocab() == actor_tok.get_vocab():
+            init = rm
     elif load_tokenizer(init).get_vocab() != actor_tok.get_vocab():
         raise ConfigError(
             f"ppo.critic_init: '{init}' uses a different tokenizer from the policy; a separate critic reads the "

@@ -114,7 +114,12 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
     accelerator = loop.make_accelerator(cfg.precision, cfg.grad_accum)
     sharding.refuse_unsupported(accelerator, "rm", {"training the reward model (use DDP)": True})
     collate = _Collate(tok.pad_token_id)
-    train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
+    if cfg.group_by_prompt:  # rows carry their prompt group, so the collate weighs each group the same
+        groups = loop.prompt_groups(train_ex)
+        train_rows = [(*row, g) for row, g in zip(train_rows, groups)]
+        train_loader = loop.make_group_loader(train_rows, groups, cfg.batch_size, collate, cfg.seed)
+    else:
+        train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
     eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
     total = loop.count_update_steps(len(train_loader), cfg.grad_accum, cfg.epochs, cfg.max_steps)
     optimizer, scheduler = loop.make_optimizer(rm, cfg.optim, total, accelerator.num_processes)
@@ -158,15 +163,29 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
     return result
 
 
-def bradley_terry_loss(r_chosen, r_rejected, margin=None, center_coef: float = 0.0):
-    """-log sigmoid(r_c - r_r [- margin]) + center_coef * (r_c + r_r)^2, averaged; all inputs (B,)."""
+def bradley_terry_loss(r_chosen, r_rejected, margin=None, center_coef: float = 0.0, weight=None):
+    """-log sigmoid(r_c - r_r [- margin]) + center_coef * (r_c + r_r)^2, averaged; all inputs (B,).
+
+    `weight` (B,), summing to 1: a weighted mean instead (group_by_prompt: each prompt's pairs share its weight)."""
     diff = r_chosen - r_rejected
     if margin is not None:
         diff = diff - margin
-    loss = -F.logsigmoid(diff).mean()
+
+    def mean(x):
+        return x.mean() if weight is None else (weight * x).sum()
+
+    loss = mean(-F.logsigmoid(diff))
     if center_coef:
-        loss = loss + center_coef * ((r_chosen + r_rejected) ** 2).mean()
+        loss = loss + center_coef * mean((r_chosen + r_rejected) ** 2)
     return loss
+
+
+def group_weights(groups: list) -> torch.Tensor:
+    """(B,) weights of a batch's pairs from their groups: 1 / (groups in the batch x pairs in the group), so every
+    group weighs the same and its pairs share that (InstructGPT's loss: each prompt's C(K,2) comparisons summed and
+    divided by C(K,2), as one batch element)."""
+    sizes = {g: groups.count(g) for g in groups}
+    return torch.tensor([1.0 / (len(sizes) * sizes[g]) for g in groups], dtype=torch.float32)
 
 
 def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total, events):
@@ -182,7 +201,7 @@ def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator
         with accelerator.accumulate(rm):
             r_chosen, r_rejected = _scores(rm, batch)
             loss = bradley_terry_loss(r_chosen, r_rejected, batch["margin"] if cfg.margin else None,
-                                      cfg.center_coef)
+                                      cfg.center_coef, batch.get("weight"))
             accelerator.backward(loss)
             grad_norm = loop.optimizer_step(accelerator, rm, optimizer, scheduler, cfg.optim.max_grad_norm)
         diff = (r_chosen - r_rejected).detach()
@@ -384,15 +403,19 @@ def _encode(tok, examples, max_len: int, chat_template: bool) -> list[tuple]:
 
 
 class _Collate:
-    """B pairs -> one (2B, T) right-padded batch, chosen rows first, + margins (B,)."""
+    """B pairs -> one (2B, T) right-padded batch, chosen rows first, + margins (B,); rows that carry a 4th element,
+    their prompt group (group_by_prompt), also get loss weights (B,) (`group_weights`)."""
 
     def __init__(self, pad_id: int):
         self.pad_id = pad_id
 
     def __call__(self, rows):
-        input_ids, mask = right_pad([c for c, _, _ in rows] + [r for _, r, _ in rows], self.pad_id)
-        margin = torch.tensor([m for _, _, m in rows], dtype=torch.float32)
-        return {"input_ids": input_ids, "attention_mask": mask, "margin": margin}
+        input_ids, mask = right_pad([row[0] for row in rows] + [row[1] for row in rows], self.pad_id)
+        margin = torch.tensor([row[2] for row in rows], dtype=torch.float32)
+        batch = {"input_ids": input_ids, "attention_mask": mask, "margin": margin}
+        if len(rows[0]) > 3:
+            batch["weight"] = group_weights([row[3] for row in rows])
+        return batch
 
 
 # --------------------------------------------------------------------------- summary
@@ -411,7 +434,8 @@ def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_p
         {
             "data": {"train pairs": n_train, "max_seq_len": max_len,
                      "loss": "Bradley-Terry" + (" - margin" if cfg.margin else "")
-                     + (f" + {cfg.center_coef} centering" if cfg.center_coef else "")},
+                     + (f" + {cfg.center_coef} centering" if cfg.center_coef else "")
+                     + (", a prompt's pairs in one batch, weighted per prompt" if cfg.group_by_prompt else "")},
             "training": {
                 "mode": f"LoRA r={cfg.lora.r}" if cfg.lora.enabled else "full fine-tune",
                 "trainable parameters": f"{trainable:,} of {n_params:,}",

@@ -52,6 +52,14 @@ def opening(prompt: str) -> str:
 relevance = relevance_to(opening)
 on_task = gate(judge, relevance, lo=ON_TASK_LO, hi=ON_TASK_HI, floor=-1.0)
 
+RUBRIC = "\n".join([
+    "- The answer is a positive, well-written movie review that continues the given opening.",
+    "- It is about the same film as the opening, not another film and not the reviewer.",
+    "- It reads as fluent, specific prose, not generic praise.",
+])
+"""what an `llm:` judge compares this task's answers by: what the gold judge (VADER) pays for, and what the on-task
+judge guards (the same film, no praise of anything else)"""
+
 TASK = Task(
     name="positive-review",
     description="Write a short movie review continuing a neutral or mixed opening; "
@@ -61,4 +69,5 @@ TASK = Task(
     splits=("train", "eval", "sft"),
     score_range=(-1.0, 1.0),
     judges={"relevance": relevance, "on-task": on_task},
+    rubric=RUBRIC,
 )

@@ -34,6 +34,13 @@ def relevance(prompts: list[str], responses: list[str]) -> list[float]:
     return out
 
 
+RUBRIC = "\n".join([
+    "- A good answer is made of the letter a and the digits 0-9: the larger their share of its characters, the better.",
+    "- Other letters, spaces and punctuation count against it.",
+])
+"""the gold judge in words, for an `llm:` judge"""
+
+
 TASK = Task(
     name="tiny-target",
     description="Random-letter prompts; gold reward = fraction of response characters that are 'a' or a digit (in [0, 1]).",
@@ -42,4 +49,5 @@ TASK = Task(
     splits=("train", "eval"),
     score_range=(0.0, 1.0),
     judges={"relevance": relevance},
+    rubric=RUBRIC,
 )
