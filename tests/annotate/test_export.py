@@ -156,3 +156,22 @@ def test_cli_export(tmp_path):
     # ann and bob agree on 0 > 1, the only pair both ranked; ann alone is no majority of 2 on the other 4
     assert [json.loads(line)["annotator"] for line in out.read_text().splitlines()] == ["ann,bob"]
     assert "without a majority" in done.stdout and out.with_name("prefs.agreement.json").is_file()
+
+
+def test_the_report_of_a_reward_model_trained_on_people_s_pairs_shows_their_agreement(tmp_path):
+    from quartet.monitor.report import write_report
+
+    folder = annotate_folder(tmp_path, [ITEM], [rank(ITEM, "ann", [[0], [2], [3], [1]]),
+                                                 rank(ITEM, "bob", [[0], [3], [2], [1]])])
+    out = tmp_path / "prefs.jsonl"
+    write_export(folder, out)
+    run = tmp_path / "rm"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"model: minilm\ndata:\n  path: {out}\n")
+    (run / "metrics.jsonl").write_text('{"step": 1, "rm/loss": 0.69}\n')
+    html = write_report(run).read_text()
+    # 6 answer pairs, both people strict on all; they disagree on 2 > 3 only: agreement 5/6
+    assert "People&#x27;s agreement" in html or "People's agreement" in html
+    assert "ann, bob" in html and "0.8333" in html and "kappa (cohen)" in html.lower()
+    (run / "config.yaml").write_text("model: minilm\ndata:\n  path: elsewhere.jsonl\n")
+    assert "agreement" not in write_report(run).read_text().lower().split("<h2 id=\"findings\">")[1].split("configs")[0]

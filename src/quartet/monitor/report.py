@@ -19,6 +19,8 @@ import math
 import re
 from pathlib import Path
 
+import yaml
+
 from quartet.atomic import atomic_dir, atomic_write_text
 from quartet.errors import DataError
 from quartet.monitor.doctor import diagnose, kl_target_from_config
@@ -557,6 +559,40 @@ def _stage_label(name: str, records: list[dict]) -> str:
     return (algorithm or stage) + sep + rest
 
 
+ANNOTATED = "quartet annotate export"
+"""what `quartet annotate --export` writes as `written_by` in the agreement file beside its pairs"""
+
+
+def _annotators_html(dirs: list[tuple[str, Path]]) -> str:
+    """People's agreement for each stage trained on pairs people ranked: the `<stem>.agreement.json` that
+    `quartet annotate --export` wrote beside the pairs the stage's config names (data.path). Empty when none."""
+    out = []
+    for name, d in dirs:
+        try:
+            cfg = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
+            path = Path(cfg["data"]["path"])
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            continue
+        data, err = _read_json(path.with_name(f"{path.stem}.agreement.json"))
+        if err or not isinstance(data, dict) or data.get("written_by") != ANNOTATED:
+            continue
+        people = data.get("people") or {}
+        rows = [("rankings", data.get("judgments")), ("annotators", ", ".join(data.get("annotators") or [])),
+                ("items ranked by 2+ people", people.get("items")),
+                ("pairwise agreement", people.get("agreement")),
+                (f"kappa ({people.get('kappa_kind') or '-'})", people.get("kappa"))]
+        table = "".join(f"<tr><td>{E(k)}</td>{_cell(v)}</tr>" for k, v in rows)
+        judge = "".join(
+            f"<tr>{_cell(a.get('annotator'))}{_cell(a.get('pairs'))}{_cell(a.get('share'))}"
+            f"{_cell({'mean': a.get('share'), 'lo': a.get('ci_low'), 'hi': a.get('ci_high')})}</tr>"
+            for a in data.get("judge") or [])
+        if judge:
+            judge = ("<table><tr><th>annotator</th><th>strict pairs</th><th>agrees with the judge</th>"
+                     f"<th>with its 95% CI</th></tr>{judge}</table>")
+        out.append(f"<h3>{E(name)}: {E(str(path))}</h3><table>{table}</table>{judge}")
+    return "".join(out)
+
+
 def write_report(run_dir) -> Path:
     """Write ``run_dir/report.html`` (and ``run_dir/plots/*.png``) and return the HTML path."""
     run_dir = Path(run_dir)
@@ -630,6 +666,9 @@ def write_report(run_dir) -> Path:
         _findings_html(findings),
         _summary_html([(name, records) for name, _, records in stages]),
     ]
+    annotators = _annotators_html(dirs)
+    if annotators:
+        parts += ['<h2 id="annotators">People\'s agreement</h2>', annotators]
     if eval_html:
         parts += ['<h2 id="eval">Evaluation</h2>', *eval_html]
     if charts_html:
