@@ -120,9 +120,7 @@ def load_llm_judge(spec: str, cfg: LLMJudgeConfig, default_rubric: str | None, c
     cache = VerdictCache(cache_path, _at(settings, "cache")) if cache_path is not None else None
     judge: PairwiseJudge
     if cfg.resolved_backend == "openai":
-        judge = OpenAIJudge(cfg.base_url, model, os.environ.get(cfg.api_key_env) or None, rubric, cfg.mode,
-                            cfg.timeout, cfg.max_retries, cfg.max_in_flight, where=settings,
-                            api_key_env=cfg.api_key_env)
+        judge = openai_judge(model, cfg, rubric, settings)
         judge.check()
         chunk = cfg.max_in_flight * 8
     else:
@@ -131,5 +129,14 @@ def load_llm_judge(spec: str, cfg: LLMJudgeConfig, default_rubric: str | None, c
     return CachedJudge(judge, cache, rubric, chunk_size=chunk)
 
 
+def openai_judge(model: str, cfg: LLMJudgeConfig, rubric: str, settings: str) -> OpenAIJudge:
+    """The OpenAI-compatible judge `cfg` describes, its key read from cfg.api_key_env; `settings`: the section errors
+    name (`label.llm_judge`). One construction for loading and for the no-load check, so the check is the one the
+    stage makes."""
+    return OpenAIJudge(cfg.base_url, model, os.environ.get(cfg.api_key_env) or None, rubric, cfg.mode, cfg.timeout,
+                       cfg.max_retries, cfg.max_in_flight, where=settings, api_key_env=cfg.api_key_env)
+
+
 __all__ = ["CACHE_NAME", "DEFAULT_RUBRIC", "PREFIX", "cache_file", "is_llm_spec", "is_rubric_file", "llm_model",
-           "load_llm_judge", "read_rubric"]
+           "load_llm_judge", "openai_judge", "read_rubric"]
+

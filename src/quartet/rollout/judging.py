@@ -10,15 +10,13 @@ and how often neither answer won (ties), and the check preflight makes before an
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from quartet.config import LLMJudgeConfig
-from quartet.judges.llm import is_llm_spec, llm_model, load_llm_judge, read_rubric
-from quartet.judges.llm_http import OpenAIJudge
+from quartet.judges.llm import is_llm_spec, llm_model, load_llm_judge, openai_judge, read_rubric
 from quartet.judges.pairwise import Prompt, Verdicts, all_pairs, judge_both_orders, rank_by_wins
 from quartet.judges.verdict_cache import CachedJudge
 from quartet.models.names import resolve_model
@@ -42,8 +40,7 @@ def check_llm_judge(spec: str, cfg: LLMJudgeConfig, where: str) -> None:
     model = llm_model(spec, f"{where}.judge")
     rubric = read_rubric(cfg.rubric, None, settings)
     if cfg.resolved_backend == "openai":  # built as load_llm_judge builds it, so the check is the one it makes
-        OpenAIJudge(cfg.base_url, model, os.environ.get(cfg.api_key_env) or None, rubric, cfg.mode, cfg.timeout,
-                    cfg.max_retries, cfg.max_in_flight, where=settings, api_key_env=cfg.api_key_env).check()
+        openai_judge(model, cfg, rubric, settings).check()
     else:
         resolve_model(model)
 
