@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from quartet.annotate.agreement import wilson_interval
 from quartet.config import LabelConfig, LLMJudgeConfig, RewardConfig, from_dict
 from quartet.eval.evaluate import evaluate
 from quartet.eval.stats import bootstrap_ci
@@ -45,15 +45,12 @@ POLICY = "smollm2-135m-instruct"
 PROMPTS = "task:positive-review"
 
 
-def wilson(k: float, n: int, z: float = 1.96) -> dict:
-    """Share k/n with its Wilson score interval (a proportion of n independent trials)."""
+def wilson(k: float, n: int) -> dict:
+    """Share k/n with its Wilson score interval (quartet.annotate.agreement.wilson_interval)."""
     if n == 0:
         return {"share": None, "lo": None, "hi": None, "n": 0}
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return {"share": round(p, 3), "lo": round(mid - half, 3), "hi": round(mid + half, 3), "n": n}
+    lo, hi = wilson_interval(k, n)
+    return {"share": round(k / n, 3), "lo": round(lo, 3), "hi": round(hi, 3), "n": n}
 
 
 def read_jsonl(path: Path) -> list[dict]:
