@@ -1,6 +1,7 @@
 """N processes compute what one process computes: 2 processes x 8 prompts against 1 process x 16 prompts,
-launched for real (accelerate launch, gloo on CPU), for PPO, GRPO, SFT and the reward model; and whole
-2-process runs of the CLI: one metrics line per step, checkpoints that load, resume, stop_on."""
+launched for real (accelerate launch, gloo on CPU), for PPO, GRPO (also with dynamic sampling), SFT and the
+reward model; and whole 2-process runs of the CLI: one metrics line per step, checkpoints that load, resume,
+stop_on."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def one_vs_two(tmp_path: Path, stage: str, *overrides: str) -> tuple[dict, dict]
 # mp_driver runs AdamW in its linear regime (tests/equivalence.py argues these): PPO 2 iterations x 2 epochs x 2
 # minibatches = 8 steps, SFT and the reward model 2 steps, all at lr 1e-2
 PPO_WEIGHTS_ATOL = update_atol(steps=8, lr=1e-2)
+# GRPO's 4 samples per prompt: 64 sequences an iteration, 8 minibatches of 8, so 2 x 2 x 8 = 32 steps
+GRPO_WEIGHTS_ATOL = update_atol(steps=32, lr=1e-2)
 SUPERVISED_WEIGHTS_ATOL = update_atol(steps=2, lr=1e-2)
 
 
@@ -79,9 +82,13 @@ def _close_metrics(a: dict, b: dict) -> None:
 # tie is left with sequence returns that differ only by float noise in the KL, which the std division then
 # blows up to O(1): a property of std-normalised advantages, not of the process split.
 GRPO = ("advantage=grpo", "critic=none", "samples_per_prompt=4", "kl_in_reward=false", "kl_estimator=k3")
-CASES = {"ppo": ("ppo", ()), "grpo": ("ppo", GRPO), "sft": ("sft", ()), "rm": ("rm", ())}
+# has_digit pays 1 for a response with a digit, else 0: of the untrained tiny model's 8-token answers some groups
+# hold none (or all), so they are flat, dropped, and a second round is sampled (the test asserts it)
+GRPO_DYNAMIC = (*GRPO, "reward=ppo_rewards:has_digit", "dynamic_sampling=true")
+CASES = {"ppo": ("ppo", ()), "grpo": ("ppo", GRPO), "grpo-dynamic": ("ppo", GRPO_DYNAMIC), "sft": ("sft", ()),
+         "rm": ("rm", ())}
 """mp_driver's equivalence cases, all in one launch per side (cases_driver.py; rm last: it sets reward.CHUNK_ROWS).
-A launch starts in seconds and a case runs in one: 2 launches instead of 8. The one-process side is made once per
+A launch starts in seconds and a case runs in one: 2 launches instead of 10. The one-process side is made once per
 session (conftest.py) and also checks two hosts (test_two_hosts.py)."""
 CASES_DRIVER = HERE / "cases_driver.py"
 
@@ -108,19 +115,33 @@ def two_processes(tmp_path_factory) -> dict[str, dict]:
     return run_cases(2, tmp_path_factory.mktemp("two-processes"))
 
 
-def assert_policy_gradients_equal(a: dict, b: dict) -> None:
+def assert_policy_gradients_equal(a: dict, b: dict, atol: float = PPO_WEIGHTS_ATOL) -> None:
     """mp_driver's ppo outputs, one process (a) against N (b); test_two_hosts.py checks two hosts with it."""
     for it in range(2):  # two iterations: the second starts from the first's update
         assert torch.equal(a["response_ids"][it], b["response_ids"][it])  # the same samples
         assert torch.allclose(a["scores"][it], b["scores"][it], atol=1e-6)  # normalised over the whole batch
         assert torch.allclose(a["advantages"][it], b["advantages"][it], atol=1e-5)  # whitened over the whole batch
         _close_metrics(a["metrics"][it], b["metrics"][it])
-    _assert_weights_close(a["weights"], b["weights"], PPO_WEIGHTS_ATOL, a["start"])
+    _assert_weights_close(a["weights"], b["weights"], atol, a["start"])
+
+
+POLICY_GRADIENT_ATOL = {"ppo": PPO_WEIGHTS_ATOL, "grpo": GRPO_WEIGHTS_ATOL, "grpo-dynamic": GRPO_WEIGHTS_ATOL}
+"""each policy-gradient case's weight tolerance, by its number of optimizer steps"""
 
 
 @pytest.mark.parametrize("case", ["ppo", "grpo"])
 def test_two_processes_equal_one_for_the_policy_gradient_trainer(one_process, two_processes, case):
-    assert_policy_gradients_equal(one_process[case], two_processes[case])
+    assert_policy_gradients_equal(one_process[case], two_processes[case], POLICY_GRADIENT_ATOL[case])
+
+
+def test_two_processes_equal_one_with_dynamic_sampling(one_process, two_processes):
+    """DAPO's dynamic sampling (experience.py `_fill`): the processes choose from every process's groups, so they
+    sample as many rounds, drop the same groups and train on the batch one process trains on."""
+    a, b = one_process["grpo-dynamic"], two_processes["grpo-dynamic"]
+    keys = ("rollout/dropped_groups", "rollout/sampling_rounds")
+    assert any(m[keys[0]] > 0 and m[keys[1]] > 1 for m in a["metrics"])  # else this case tests nothing
+    assert [[m[k] for k in keys] for m in a["metrics"]] == [[m[k] for k in keys] for m in b["metrics"]]
+    assert_policy_gradients_equal(a, b, POLICY_GRADIENT_ATOL["grpo-dynamic"])
 
 
 def test_two_processes_equal_one_with_the_shared_prompt_prefix(tmp_path):

@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_processes import CASES_DRIVER, assert_policy_gradients_equal, assert_supervised_equal, write_cases
+from test_processes import (
+    CASES_DRIVER,
+    POLICY_GRADIENT_ATOL,
+    assert_policy_gradients_equal,
+    assert_supervised_equal,
+    write_cases,
+)
 
 from quartet.errors import ConfigError
 from quartet.trainers import checkpoint as ckpt
@@ -146,7 +152,7 @@ def _veth_bytes() -> int:
 # ---------------------------------------------------------------------------- what two hosts compute
 @pytest.fixture(scope="module")
 def runs(hosts, one_process, tmp_path_factory) -> dict:
-    """mp_driver's four cases (test_processes.CASES) on one process (16 prompts, 8 rows per step: conftest.py) and
+    """mp_driver's five cases (test_processes.CASES) on one process (16 prompts, 8 rows per step: conftest.py) and
     on two hosts (8 and 4 each, one launch), with what each host's launch was and the bytes host 0's veth carried."""
     root = tmp_path_factory.mktemp("two-hosts")
     spec, outs = write_cases(root)
@@ -165,11 +171,11 @@ def test_the_run_crossed_the_veth_and_nothing_else(runs):
     assert runs["veth_bytes"] > 1_000_000
 
 
-@pytest.mark.parametrize("case", ["ppo", "grpo"])
+@pytest.mark.parametrize("case", ["ppo", "grpo", "grpo-dynamic"])
 def test_two_hosts_equal_one_process_for_the_policy_gradient_trainer(runs, case):
-    """PPO with GAE and a shared critic, and GRPO: the same samples, scores, advantages and metrics in both
-    iterations, and the weights after them, as the 2-process tests check on one machine."""
-    assert_policy_gradients_equal(runs[1][case], runs[2][case])
+    """PPO with GAE and a shared critic, GRPO, and GRPO with dynamic sampling: the same samples, scores, advantages
+    and metrics in both iterations, and the weights after them, as the 2-process tests check on one machine."""
+    assert_policy_gradients_equal(runs[1][case], runs[2][case], POLICY_GRADIENT_ATOL[case])
 
 
 @pytest.mark.parametrize("case", ["sft", "rm"])
