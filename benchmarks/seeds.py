@@ -1,0 +1,214 @@
+"""Does the recipe gain on every seed? N whole-pipeline seeds of one config, and the table a user would want.
+
+    .venv/bin/python benchmarks/seeds.py                                   # configs/demo.yaml, seeds 0-4, 2 at a time
+    .venv/bin/python benchmarks/seeds.py --config configs/arithmetic.yaml --seeds 0 1 2 --out runs/bench_seeds_arith
+    .venv/bin/python benchmarks/seeds.py --smoke --out /tmp/seeds-smoke    # tiny models on tiny-target, ~1 min
+    .venv/bin/python benchmarks/seeds.py ... -- ppo.iterations=16 label.num_samples=6   # a lever, on every seed
+
+Seed N sets `<stage>.seed=N` for every training stage the config runs (sft, label, rm, dpo, ppo; the README's
+"whole-pipeline seed"); the eval keeps its own seed, so every run is scored on the same held-out prompts and the
+baseline's answers are the same draw. Each seed is one `quartet run` process, `--parallel` of them at a time with
+`--threads` torch threads each (the default, 2 x 1, fits 24 GiB and two cores; the seconds are then those of a
+shared machine: run `--parallel 1 --threads 2` alone for speed numbers).
+
+Per seed, read back from what the run wrote (nothing is recomputed):
+- gain: the policy's gold minus the baseline's, paired over prompts, with its 95% bootstrap CI (eval.json);
+- findings: the doctor's findings during PPO (ppo/findings.jsonl);
+- RM: the reward model's held-out accuracy (split by prompt) and its calibration, bin by bin: a bin follows
+  Bradley-Terry when the model's predicted accuracy lies in the 95% Wilson interval of the bin's observed accuracy;
+- relevance (where the task has an on-task signal): the policy's mean against the baseline's CI: a fall below its lower
+  bound is a fall beyond the CI;
+- KL to the baseline, length, and seconds per stage (summary.md).
+A seed already run under --out is read again, not rerun (delete its folder to redo). Prints the table (markdown) and
+writes it with every number to <out>/seeds.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from quartet.annotate.agreement import wilson_interval
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINING_STAGES = ("sft", "label", "rm", "dpo", "ppo")
+TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=300"
+
+
+def smoke_config(out: Path) -> Path:
+    """A pipeline of tiny random models on tiny-target: the code path of the real run, in about a minute."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sft.jsonl").write_text('{"prompt": "ab", "completion": "aa"}\n{"prompt": "cd", "completion": "a1"}\n')
+    path = out / "smoke.yaml"
+    path.write_text(json.dumps({
+        "task": "tiny-target", "tracking": {"report_to": "none"},
+        "sft": {"model": TINY, "data": {"path": str(out / "sft.jsonl"), "chat_template": False}, "max_steps": 1,
+                "precision": "fp32"},
+        "label": {"num_samples": 4, "min_gap": 0.0, "generation": {"max_new_tokens": 6, "batch_size": 32}},
+        "rm": {"model": TINY, "max_steps": 2, "precision": "fp32", "normalize_samples": 4},
+        "ppo": {"rollout_batch_size": 4, "minibatch_size": 4, "micro_batch_size": 4, "iterations": 2,
+                "generation": {"max_new_tokens": 6, "batch_size": 4}, "precision": "fp32"},
+        "eval": {"num_prompts": 8, "max_new_tokens": 6},
+    }))
+    return path
+
+
+def stages_of(config: Path) -> list[str]:
+    """The stages the config runs (the pipeline's default when it names none)."""
+    raw = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    return list(raw.get("stages") or ["sft", "label", "rm", "ppo", "eval"])
+
+
+def run_seed(config: Path, seed: int, out: Path, stages: list[str], overrides: list[str], threads: int) -> float:
+    """`quartet run` for one seed into `out` (its log beside it); the wall seconds, 0 when it was already done."""
+    if (out / "summary.md").is_file() and (out / "eval" / "eval.json").is_file():
+        return 0.0
+    seeds = [f"{stage}.seed={seed}" for stage in stages if stage in TRAINING_STAGES]
+    cmd = [sys.executable, "-m", "quartet.cli", "run", str(config), f"output_dir={out}", *seeds, *overrides]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TQDM_DISABLE="1")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(out.parent / f"{out.name}.log", "w", encoding="utf-8") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if rc != 0:
+        raise SystemExit(f"error: seed {seed} failed (exit {rc}); its log: {out.parent / f'{out.name}.log'}")
+    return time.perf_counter() - start
+
+
+def stage_seconds(out: Path) -> dict[str, float]:
+    """Seconds per stage from the run's summary.md ('- ppo: 166 s')."""
+    text = (out / "summary.md").read_text(encoding="utf-8")
+    part = text.split("## Time per stage", 1)[-1]
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^- (\w+): ([\d.]+) s$", part, re.M)}
+
+
+def calibration(out: Path) -> dict | None:
+    """The reward model's held-out accuracy and its bins against Bradley-Terry, from rm/calibration.json."""
+    path = out / "rm" / "calibration.json"
+    if not path.is_file():
+        return None
+    held = json.loads(path.read_text(encoding="utf-8"))["eval"]
+    bins = []
+    for b in held.get("calibration", []):
+        n = int(b["count"])
+        if not n:  # an empty bin: its accuracy is NaN, and nothing to compare
+            bins.append({**b, "lo": None, "hi": None, "follows_bt": False})
+            continue
+        lo, hi = wilson_interval(round(b["accuracy"] * n), n)
+        bins.append({**b, "lo": lo, "hi": hi, "follows_bt": lo <= b["predicted"] <= hi})
+    used = [b for b in bins if b["count"]]
+    return {"accuracy": held["accuracy"], "bins": bins,
+            "bins_following_bt": sum(b["follows_bt"] for b in used), "bins_with_pairs": len(used)}
+
+
+def read_seed(seed: int, out: Path, wall: float) -> dict:
+    """One row of the table, from the files the run wrote."""
+    ev = json.loads((out / "eval" / "eval.json").read_text(encoding="utf-8"))
+    base = ev["baseline"]
+    policy = [name for name in ev["checkpoints"] if name != base][-1]
+    b, p = ev["checkpoints"][base], ev["checkpoints"][policy]
+    findings_path = out / "ppo" / "findings.jsonl"
+    findings = []
+    if findings_path.is_file():
+        findings = [json.loads(line).get("rule", "?") for line in findings_path.read_text().splitlines() if line]
+    relevance = None
+    if "relevance" in p and "relevance" in b:
+        relevance = {"baseline": b["relevance"], "policy": p["relevance"],
+                     "falls_beyond_ci": p["relevance"]["mean"] < b["relevance"]["lo"]}
+    diff = p["score_diff"]
+    return {
+        "seed": seed, "policy": policy,
+        "gold_baseline": b["gold"], "gold_policy": p["gold"], "gain": diff,
+        "gain_ci_excludes_0": diff["lo"] > 0, "win_rate": p["win_rate"],
+        "findings": findings, "rm": calibration(out), "relevance": relevance,
+        "kl": p["kl"]["mean"], "length": p["length"]["mean"], "length_baseline": b["length"]["mean"],
+        "stage_seconds": stage_seconds(out), "wall_seconds": wall,
+    }
+
+
+def ci(d: dict) -> str:
+    return f"{d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table, one row per seed, then the counts the recipe is judged by."""
+    lines = ["| seed | baseline gold | policy gold | gain [95% CI] | win | findings | RM acc | RM bins ~ BT | "
+             "relevance (base -> policy) | KL | length | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        rm = r["rm"]
+        rm_acc = f"{rm['accuracy']:.3f}" if rm else "-"
+        rm_bt = f"{rm['bins_following_bt']}/{rm['bins_with_pairs']}" if rm else "-"
+        rel = "-"
+        if r["relevance"]:
+            rel = (f"{r['relevance']['baseline']['mean']:.3f} -> {r['relevance']['policy']['mean']:.3f}"
+                   + (" (below CI)" if r["relevance"]["falls_beyond_ci"] else ""))
+        secs = r["stage_seconds"]
+        lines.append(
+            f"| {r['seed']} | {r['gold_baseline']['mean']:.3f} | {r['gold_policy']['mean']:.3f} | {ci(r['gain'])} "
+            f"| {r['win_rate']:.2f} | {', '.join(r['findings']) or 'none'} | {rm_acc} | {rm_bt} | {rel} "
+            f"| {r['kl']:.2f} | {r['length_baseline']:.1f} -> {r['length']:.1f} "
+            f"| {secs.get('total', sum(secs.values())):.0f} |")
+    n = len(rows)
+    gains = sum(r["gain_ci_excludes_0"] for r in rows)
+    clean = sum(not r["findings"] for r in rows)
+    lines += ["", f"- gain's CI excludes 0: {gains}/{n}; no findings: {clean}/{n}"]
+    rms = [r["rm"] for r in rows if r["rm"]]
+    if rms:
+        good = sum(rm["accuracy"] >= 0.75 for rm in rms)
+        bt = sum(rm["bins_following_bt"] == rm["bins_with_pairs"] for rm in rms)
+        lines.append(f"- RM held-out accuracy >= 0.75: {good}/{len(rms)}; every bin follows Bradley-Terry: "
+                     f"{bt}/{len(rms)}")
+    rel = [r for r in rows if r["relevance"]]
+    if rel:
+        lines.append(f"- relevance not below the baseline's CI: {sum(not r['relevance']['falls_beyond_ci'] for r in rel)}"
+                     f"/{len(rel)}")
+    mean_gain = sum(r["gain"]["mean"] for r in rows) / max(n, 1)
+    lines.append(f"- mean gain {mean_gain:+.3f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_seeds")
+    parser.add_argument("--parallel", type=int, default=2, help="seeds run at a time (each a process)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--smoke", action="store_true", help="tiny models on tiny-target: the code path only")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every seed (after --), e.g. ppo.iterations=16")
+    args = parser.parse_args()
+    config = smoke_config(args.out) if args.smoke else args.config.resolve()
+    stages = stages_of(config)
+    start = time.perf_counter()
+
+    def one(seed: int) -> tuple[int, float]:
+        return seed, run_seed(config, seed, args.out / f"seed{seed}", stages, args.overrides, args.threads)
+
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        walls = dict(pool.map(one, args.seeds))
+    rows = [read_seed(seed, args.out / f"seed{seed}", walls[seed]) for seed in args.seeds]
+    text = table(rows)
+    machine = "AVX-512 BF16" if "avx512_bf16" in Path("/proc/cpuinfo").read_text() else "AVX2-only or other"
+    header = (f"{config.name}, seeds {args.seeds}, overrides {args.overrides or 'none'}; {os.cpu_count()} cores "
+              f"({platform.processor() or platform.machine()}, {machine}), {args.parallel} at a time x {args.threads} "
+              f"thread(s); wall {time.perf_counter() - start:.0f} s")
+    print(header + "\n\n" + text)
+    (args.out / "seeds.json").write_text(json.dumps(
+        {"config": str(config), "seeds": args.seeds, "overrides": args.overrides, "machine": machine,
+         "parallel": args.parallel, "threads": args.threads, "rows": rows, "table": text}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""benchmarks/seeds.py: what it reads back from a run folder, its Bradley-Terry check by hand, and the table's counts."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from quartet.annotate.agreement import wilson_interval
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "seeds.py"
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    spec = importlib.util.spec_from_file_location("seeds_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ci(mean, lo, hi):
+    return {"mean": mean, "lo": lo, "hi": hi}
+
+
+def write_run(out: Path, gain_lo: float, rm_bins: list[tuple[int, float, float]] | None, findings=(),
+              relevance_policy: float = 0.40) -> Path:
+    """A run folder as `quartet run` leaves it: eval.json, findings, the RM's calibration, summary.md's times."""
+    (out / "eval").mkdir(parents=True)
+    base = {"gold": _ci(0.2, 0.1, 0.3), "relevance": _ci(0.41, 0.35, 0.48), "kl": _ci(0, 0, 0),
+            "length": _ci(24.0, 21, 27), "win_rate": 0.5, "score_diff": _ci(0, 0, 0)}
+    pol = {"gold": _ci(0.45, 0.37, 0.55), "relevance": _ci(relevance_policy, 0.3, 0.45), "kl": _ci(3.2, 2.5, 4),
+           "length": _ci(25.0, 22, 27), "win_rate": 0.69, "score_diff": _ci(0.27, gain_lo, 0.39)}
+    (out / "eval" / "eval.json").write_text(json.dumps(
+        {"checkpoints": {"sft/model": base, "ppo/model": pol}, "baseline": "sft/model"}))
+    (out / "ppo").mkdir()
+    (out / "ppo" / "findings.jsonl").write_text("".join(json.dumps({"rule": r, "step": 3}) + "\n" for r in findings))
+    if rm_bins is not None:
+        (out / "rm").mkdir()
+        bins = [{"margin": f"bin{i}", "count": n, "accuracy": acc, "predicted": pred}
+                for i, (n, acc, pred) in enumerate(rm_bins)]
+        (out / "rm" / "calibration.json").write_text(json.dumps({"eval": {"accuracy": 0.78, "calibration": bins}}))
+    (out / "summary.md").write_text("# summary\n\n## Time per stage\n\n- sft: 36 s\n- ppo: 166 s\n- total: 373 s\n")
+    return out
+
+
+def test_a_bin_follows_bradley_terry_when_its_prediction_is_inside_the_wilson_interval(seeds, tmp_path):
+    # 10 pairs, 6 right: Wilson 95% interval [0.313, 0.832]; 0.80 is inside it, 0.95 is not; an empty bin is skipped
+    lo, hi = wilson_interval(6, 10)
+    assert (round(lo, 3), round(hi, 3)) == (0.313, 0.832)
+    run = write_run(tmp_path / "s0", 0.1, [(10, 0.6, 0.80), (10, 0.6, 0.95), (0, float("nan"), 0.99)])
+    cal = seeds.calibration(run)
+    assert [b["follows_bt"] for b in cal["bins"]] == [True, False, False]
+    assert (cal["bins_following_bt"], cal["bins_with_pairs"], cal["accuracy"]) == (1, 2, 0.78)
+
+
+def test_a_seed_reads_gain_findings_relevance_and_seconds(seeds, tmp_path):
+    row = seeds.read_seed(0, write_run(tmp_path / "s0", -0.01, None, ["kl_blowup"], relevance_policy=0.30), 12.0)
+    assert row["gain"] == _ci(0.27, -0.01, 0.39) and not row["gain_ci_excludes_0"]
+    assert row["findings"] == ["kl_blowup"] and row["rm"] is None
+    assert row["relevance"]["falls_beyond_ci"]  # 0.30 below the baseline's lower bound 0.35
+    assert row["stage_seconds"] == {"sft": 36.0, "ppo": 166.0, "total": 373.0}
+
+
+def test_the_table_counts_what_the_recipe_is_judged_by(seeds, tmp_path):
+    rows = [seeds.read_seed(0, write_run(tmp_path / "a", 0.15, [(10, 0.6, 0.8)]), 0.0),
+            seeds.read_seed(1, write_run(tmp_path / "b", -0.02, [(10, 0.6, 0.95)], ["kl_blowup"]), 0.0)]
+    text = seeds.table(rows)
+    assert "gain's CI excludes 0: 1/2; no findings: 1/2" in text
+    assert "RM held-out accuracy >= 0.75: 2/2; every bin follows Bradley-Terry: 1/2" in text
+    assert "relevance not below the baseline's CI: 2/2" in text
+    assert text.count("\n| ") == 2  # one row per seed under the header
