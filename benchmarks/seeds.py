@@ -122,7 +122,7 @@ def read_seed(seed: int, out: Path, wall: float) -> dict:
     if findings_path.is_file():
         findings = [json.loads(line).get("rule", "?") for line in findings_path.read_text().splitlines() if line]
     relevance = None
-    if "relevance" in p and "relevance" in b:
+    if p.get("relevance") and b.get("relevance"):  # null where the eval had no on-task judge
         relevance = {"baseline": b["relevance"], "policy": p["relevance"],
                      "falls_beyond_ci": p["relevance"]["mean"] < b["relevance"]["lo"]}
     diff = p["score_diff"]
