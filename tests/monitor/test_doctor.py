@@ -9,7 +9,15 @@ import pytest
 from ppo_streams import ALSO_ALLOWED, broken_run, healthy_run, write_run
 
 from quartet.errors import ConfigError, DataError
-from quartet.monitor.doctor import LiveDoctor, diagnose, diagnose_run, format_findings, read_findings
+from quartet.monitor.doctor import (
+    LiveDoctor,
+    diagnose,
+    diagnose_run,
+    format_findings,
+    read_findings,
+    unjudged,
+    unjudged_run,
+)
 from quartet.monitor.rules import RULES, Finding, check_rule_names
 
 EXPECTED_RULES = {
@@ -59,6 +67,56 @@ def test_rules_report_once_at_the_step_they_start():
     spike = diagnose(broken_run("grad_spike"))
     assert [(f.rule, f.step) for f in spike] == [("grad_spike", 30)]
     assert spike[0].evidence["values"][-1] == 40.0
+
+
+def test_a_short_run_says_which_rules_it_was_too_short_for():
+    """7 PPO iterations (the demo's recipe) cannot fire the rules that need 10 or 15 points: the doctor says so
+    instead of letting "no findings" stand for them; 60 points leave nothing unjudged."""
+    short = unjudged(healthy_run(7))
+    assert short == [
+        "reward_flat_kl_zero (objective/kl: 7 of the 10 points it needs)",
+        "kl_blowup's KL-growth test (objective/kl: 7 of the 10 points it needs)",
+        "value_loss_stuck (value/loss: 7 of the 15 points it needs)",
+        "explained_variance_negative (value/explained_variance: 7 of the 10 points it needs)",
+    ]
+    assert unjudged(healthy_run(60)) == []
+    assert len(unjudged(healthy_run(2))) > len(short)  # nearly every rule: 2 points
+    # a rule whose metric a stage never logs does not apply to it, so it is not "unjudged" there
+    assert unjudged([{"stage": "sft", "step": s, "sft/loss": 1.0} for s in range(1, 4)]) == []
+    # several stages: each line names its stage
+    two = healthy_run(7) + [{**r, "stage": "dpo"} for r in healthy_run(60)]
+    assert unjudged(two) == [f"ppo: {line}" for line in short]
+
+
+def _squeezed(records, m: int, start: int) -> list[dict]:
+    """m points: the run's first `start` points and its last m - start (the failure in full), renumbered."""
+    start = min(start, m - 1)
+    out = [dict(r) for r in records[:start] + records[len(records) - (m - start):]]
+    for step, r in enumerate(out, 1):
+        r["step"] = step
+    return out
+
+
+# broken runs whose failure does not survive squeezing into the declared minimum: the spike sits mid-run, the
+# drift's noise estimate needs the points between, the explosion and the mismatch grow over the whole run
+NOT_TIGHT = {"grad_spike", "off_task_drift", "value_loss_explosion", "engine_mismatch"}
+
+
+@pytest.mark.parametrize("rule", sorted(EXPECTED_RULES - {"nan"}))
+def test_each_rule_declares_the_points_it_needs_to_fire(rule):
+    """What `unjudged` reports rests on each rule's declared minimum n: the failure (the broken run's start and its
+    last, fully failed points) squeezed into n - 1 points never fires the rule, and squeezed into n points it
+    does (with 1 or 3 start points), so n is neither too high nor too low. A part's minimum, such as kl_blowup's
+    KL-growth test, is not separable here: the rule's other tests may fire."""
+    records = broken_run(rule)
+    for key, n, part in RULES[rule].needs:
+        if part or not any(key in r for r in records):
+            continue
+        fired = lambda m, start: rule in [f.rule for f in diagnose(_squeezed(records, m, start))]  # noqa: E731
+        if n > 2:
+            assert not fired(n - 1, 1) and not fired(n - 1, 3), (key, n)
+        if rule not in NOT_TIGHT:
+            assert fired(n, 1) or fired(n, 3), (key, n)
 
 
 def test_nan_fires_on_first_point_and_inf_too():
@@ -235,7 +293,11 @@ def test_cli_doctor(tmp_path):
     healthy = write_run(tmp_path / "ok", healthy_run())
     out = _cli("doctor", str(healthy))
     assert out.returncode == 0, out.stderr
-    assert "no findings" in out.stdout
+    assert "no findings" in out.stdout and "too short to judge" not in out.stdout
+    short = write_run(tmp_path / "short", healthy_run(7))
+    out = _cli("doctor", str(short))
+    assert "no findings\ntoo short to judge: reward_flat_kl_zero (objective/kl: 7 of the 10" in out.stdout
+    assert unjudged_run(short) == unjudged(healthy_run(7))
 
     broken = write_run(tmp_path / "bad", broken_run("reward_hacking_length"))
     out = _cli("doctor", str(broken))

@@ -4,7 +4,9 @@ Each rule looks only at metrics logged up to the current step, so the same rules
 PPO loop (:class:`LiveDoctor`, which can stop a run cleanly via ``ppo.stop_on``) and afterwards over a
 whole run (:func:`diagnose`, ``quartet doctor RUN_DIR``) and give the same findings at the same steps.
 A rule reports once per run, at the first step where its condition holds. Apart from ``nan``, no rule
-fires on fewer than 3 points of its metrics, so short runs do not raise noise.
+fires on fewer than 3 points of its metrics, so short runs do not raise noise; and a run too short for a rule
+to fire at all is told so (:func:`unjudged`), so "no findings" on 7 iterations is not read as a clean bill of
+health from rules that need 10 or 15.
 
 The rules, their thresholds and the table of them are in quartet.monitor.rules.
 """
@@ -19,7 +21,7 @@ from quartet.atomic import atomic_write_text
 from quartet.config import load_yaml
 from quartet.errors import DataError
 from quartet.monitor.metrics import read_metrics, stage_dirs
-from quartet.monitor.rules import RULES, Finding, History, check_rule_names
+from quartet.monitor.rules import RULES, Finding, History, check_rule_names, unjudged_counts
 
 
 # --------------------------------------------------------------------------- running the rules
@@ -79,6 +81,24 @@ def diagnose(records: list[dict], kl_target: float | None = None) -> list[Findin
     return findings
 
 
+def unjudged(records: list[dict]) -> list[str]:
+    """The rules (or parts of rules) a run logged too few points to judge, one line each (prefixed with the
+    stage when the records hold several), e.g. ``ppo: value_loss_stuck (value/loss: 7 of the 15 points it needs)``."""
+    stages: dict[str, History] = {}
+    for rec in records:
+        stages.setdefault(str(rec.get("stage") or ""), History()).add(rec.get("step"), rec)
+    prefix = len(stages) > 1
+    return [f"{stage}: {line}" if prefix and stage else line
+            for stage, history in stages.items() for line in unjudged_counts(history.counts())]
+
+
+def unjudged_run(run_dir) -> list[str]:
+    """:func:`unjudged` over a run directory (or each stage of a pipeline directory)."""
+    dirs = stage_dirs(Path(run_dir))
+    many = len(dirs) > 1
+    return [f"{name}: {line}" if many else line for name, d in dirs for line in unjudged(read_metrics(d))]
+
+
 def kl_target_from_config(run_dir: Path) -> float | None:
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -127,17 +147,21 @@ def read_findings(run_dir) -> list[Finding]:
     return out
 
 
-def format_findings(findings: list[Finding], where: str = "") -> str:
+def format_findings(findings: list[Finding], where: str = "", short: list[str] = ()) -> str:
+    """The findings as text; ``short`` (from :func:`unjudged`) adds what the run was too short to judge."""
     prefix = f"{where}: " if where else ""
     if not findings:
-        return f"{prefix}no findings"
-    errors = sum(f.severity == "error" for f in findings)
-    head = f"{prefix}{len(findings)} finding(s): {errors} error(s), {len(findings) - errors} warning(s)"
+        head = f"{prefix}no findings"
+    else:
+        errors = sum(f.severity == "error" for f in findings)
+        head = f"{prefix}{len(findings)} finding(s): {errors} error(s), {len(findings) - errors} warning(s)"
+    if short:
+        head += "\ntoo short to judge: " + "; ".join(short)
     return "\n\n".join([head] + [f.format() for f in findings])
 
 
 def cli(args) -> int:
     """`quartet doctor RUN_DIR`: print the findings (exit status 0 either way)."""
     findings = diagnose_run(args.run_dir)
-    print(format_findings(findings, str(args.run_dir)))
+    print(format_findings(findings, str(args.run_dir), unjudged_run(args.run_dir)))
     return 0

@@ -23,7 +23,7 @@ import yaml
 
 from quartet.atomic import atomic_dir, atomic_write_text
 from quartet.errors import DataError
-from quartet.monitor.doctor import diagnose, kl_target_from_config
+from quartet.monitor.doctor import diagnose, kl_target_from_config, unjudged
 from quartet.monitor.metrics import read_metrics, stage_dirs
 from quartet.monitor.rules import Finding
 
@@ -237,6 +237,7 @@ h1{font-size:1.5em;margin-bottom:4px}h2{border-bottom:1px solid #ddd;padding-bot
 .finding .rule{font-weight:600}.finding dl{margin:4px 0 0;display:grid;grid-template-columns:6em 1fr;gap:2px 8px}
 .finding dt{color:#666}.finding dd{margin:0}
 .ok{border-left:5px solid #2ca02c;background:#edf7ed;padding:8px 12px}
+.note{color:#555;font-size:90%}
 table{border-collapse:collapse;font-size:.9em;margin:8px 0}
 th,td{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -267,10 +268,15 @@ def _num(v) -> str:
     return f"{v:.4g}"
 
 
-def _findings_html(findings: list[Finding]) -> str:
-    if not findings:
-        return '<div class="ok">Doctor: no findings. The logged metrics show none of the known failure modes.</div>'
+def _findings_html(findings: list[Finding], short: list[str] = ()) -> str:
     out = []
+    if short:
+        out.append('<p class="note">Too short to judge (the run logged fewer points than these rules need to fire): '
+                   + E("; ".join(short)) + "</p>")
+    if not findings:
+        out.insert(0, '<div class="ok">Doctor: no findings. The logged metrics show none of the known failure modes'
+                   + (' it could judge' if short else '') + '.</div>')
+        return "\n".join(out)
     for f in findings:
         ev = f.evidence or {}
         window = ev.get("window") or ["?", "?"]
@@ -609,6 +615,7 @@ def write_report(run_dir) -> Path:
 
     findings: list[Finding] = []
     per_stage_findings = {}
+    short = [f"{name}: {line}" if len(stages) > 1 else line for name, _d, records in stages for line in unjudged(records)]
     for name, d, records in stages:
         found = diagnose(records, kl_target=kl_target_from_config(d))
         for f in found:
@@ -663,7 +670,7 @@ def write_report(run_dir) -> Path:
         f"<h1>Quartet report: {E(run_dir.name)}</h1>",
         f'<p class="meta">{E(str(run_dir))} &middot; stages: {E(stage_names)} &middot; generated {E(generated)}</p>',
         '<h2 id="findings">Doctor</h2>',
-        _findings_html(findings),
+        _findings_html(findings, short),
         _summary_html([(name, records) for name, _, records in stages]),
     ]
     annotators = _annotators_html(dirs)

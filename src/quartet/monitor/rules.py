@@ -1,6 +1,8 @@
 """The doctor's rules: each a function of the metrics logged so far (a `History`) that returns a `Finding` or None,
 registered in `RULES` in the order the doctor checks them (quartet.monitor.doctor runs them, live and afterwards).
-Apart from ``nan``, no rule fires on fewer than 3 points of its metrics, so short runs do not raise noise.
+Apart from ``nan``, no rule fires on fewer than 3 points of its metrics, so short runs do not raise noise. Each rule
+declares the points it needs to fire at all (``Rule.needs``), and `unjudged_counts` names the rules a run was too
+short for, so a short run's "no findings" says what it could not see.
 `History` (what a rule reads) and `Finding` (what it returns) live here with the rules, so that the doctor's engines
 import the rules and nothing here imports the doctor.
 
@@ -192,6 +194,10 @@ class History:
     def count(self, key: str) -> int:
         return len(self._values.get(key, []))
 
+    def counts(self) -> dict[str, int]:
+        """Every key logged so far -> its number of finite points."""
+        return {key: len(values) for key, values in self._values.items()}
+
     def has(self, key: str, n: int = MIN_POINTS) -> bool:
         return self.count(key) >= n
 
@@ -241,17 +247,33 @@ class Rule:
     name: str
     severity: str
     check: Callable[[History], Finding | None] = field(repr=False)
+    needs: tuple[tuple[str, int, str], ...] = ()
+    """(metric key, points, part): the rule (or the named part of it; "" = the whole rule) cannot fire before
+    that metric has been logged at that many steps; a run with fewer is too short for it to judge"""
 
 
 RULES: dict[str, Rule] = {}
 
 
-def _rule(name: str, severity: str):
+def _rule(name: str, severity: str, *needs: tuple):
     def register(fn):
-        RULES[name] = Rule(name, severity, fn)
+        RULES[name] = Rule(name, severity, fn, tuple((key, n, part[0] if part else "") for key, n, *part in needs))
         return fn
 
     return register
+
+
+def unjudged_counts(counts: dict[str, int]) -> list[str]:
+    """What a run logged too few points of to judge: ``counts`` maps a metric key to the number of steps that
+    logged it. Rules whose metric was never logged (another stage's rules) are left out: they do not apply.
+    One line per rule or part, e.g. ``value_loss_stuck (value/loss: 7 of the 15 points it needs)``."""
+    out = []
+    for rule in RULES.values():
+        for key, n, part in rule.needs:
+            if 0 < counts.get(key, 0) < n:
+                what = f"{rule.name}'s {part}" if part else rule.name
+                out.append(f"{what} ({key}: {counts[key]} of the {n} points it needs)")
+    return out
 
 
 def _found(name, h, key, steps, values, symptom, cause, fix, related=None) -> Finding:
@@ -282,7 +304,7 @@ def _nan(h: History):
     )
 
 
-@_rule("grad_spike", "warning")
+@_rule("grad_spike", "warning", ("optim/grad_norm", GRAD_SPIKE_MIN_HISTORY + 1))
 def _grad_spike(h: History):
     key = "optim/grad_norm"
     if not h.logged_now(key):
@@ -302,7 +324,7 @@ def _grad_spike(h: History):
     )
 
 
-@_rule("reward_flat_kl_zero", "warning")
+@_rule("reward_flat_kl_zero", "warning", ("objective/kl", KL_ZERO_WINDOW))
 def _reward_flat_kl_zero(h: History):
     key = "objective/kl"
     steps, kl = h.tail(key, KL_ZERO_WINDOW)
@@ -327,7 +349,7 @@ def _reward_flat_kl_zero(h: History):
     )
 
 
-@_rule("kl_blowup", "error")
+@_rule("kl_blowup", "error", ("objective/kl", MIN_POINTS), ("objective/kl", KL_GROWTH_WINDOW, "KL-growth test"))
 def _kl_blowup(h: History):
     key = "objective/kl"
     if not h.has(key):
@@ -375,7 +397,7 @@ def _kl_blowup(h: History):
     return None
 
 
-@_rule("negative_kl", "error")
+@_rule("negative_kl", "error", ("objective/kl", MIN_POINTS))
 def _negative_kl(h: History):
     key = "objective/kl"
     steps, kl = h.tail(key, 5)
@@ -393,7 +415,7 @@ def _negative_kl(h: History):
     )
 
 
-@_rule("reward_hacking_length", "warning")
+@_rule("reward_hacking_length", "warning", ("rollout/length_mean", 2 * MIN_POINTS))
 def _reward_hacking_length(h: History):
     key = "rollout/length_mean"
     score = _score_gain(h)
@@ -413,7 +435,7 @@ def _reward_hacking_length(h: History):
     )
 
 
-@_rule("reward_hacking_repetition", "warning")
+@_rule("reward_hacking_repetition", "warning", ("rollout/distinct_2", 2 * MIN_POINTS))
 def _reward_hacking_repetition(h: History):
     score = _score_gain(h)
     if score is None:
@@ -445,7 +467,7 @@ def _reward_hacking_repetition(h: History):
     )
 
 
-@_rule("off_task_drift", "warning")
+@_rule("off_task_drift", "warning", (RELEVANCE_KEY, 2 * MIN_POINTS))
 def _off_task_drift(h: History):
     key = RELEVANCE_KEY
     score = _score_gain(h)
@@ -479,7 +501,7 @@ def _off_task_drift(h: History):
     )
 
 
-@_rule("overoptimization", "warning")
+@_rule("overoptimization", "warning", ("objective/gold", GOLD_MIN_POINTS))
 def _overoptimization(h: History):
     key = "objective/gold"
     score_key = h.score_key()
@@ -519,7 +541,7 @@ def _overoptimization(h: History):
     )
 
 
-@_rule("entropy_collapse", "warning")
+@_rule("entropy_collapse", "warning", ("policy/entropy", MIN_POINTS))
 def _entropy_collapse(h: History):
     key = "policy/entropy"
     if not h.has(key):
@@ -537,7 +559,7 @@ def _entropy_collapse(h: History):
     )
 
 
-@_rule("clipfrac_zero", "warning")
+@_rule("clipfrac_zero", "warning", ("policy/clipfrac", CLIPFRAC_ZERO_MIN))
 def _clipfrac_zero(h: History):
     key = "policy/clipfrac"
     steps, cf = h.tail(key, CLIPFRAC_ZERO_WINDOW)
@@ -552,7 +574,7 @@ def _clipfrac_zero(h: History):
     )
 
 
-@_rule("clipfrac_high", "warning")
+@_rule("clipfrac_high", "warning", ("policy/clipfrac", MIN_POINTS))
 def _clipfrac_high(h: History):
     key = "policy/clipfrac"
     steps, cf = h.tail(key, 5)
@@ -568,7 +590,7 @@ def _clipfrac_high(h: History):
     )
 
 
-@_rule("value_loss_explosion", "error")
+@_rule("value_loss_explosion", "error", ("value/loss", MIN_POINTS + 1))  # at 3 points, now is the best median
 def _value_loss_explosion(h: History):
     key = "value/loss"
     if not h.has(key):
@@ -586,7 +608,7 @@ def _value_loss_explosion(h: History):
     )
 
 
-@_rule("value_loss_stuck", "warning")
+@_rule("value_loss_stuck", "warning", ("value/loss", VALUE_STUCK_MIN))
 def _value_loss_stuck(h: History):
     key = "value/loss"
     if not h.has(key, VALUE_STUCK_MIN):
@@ -612,7 +634,7 @@ def _value_loss_stuck(h: History):
     )
 
 
-@_rule("explained_variance_negative", "warning")
+@_rule("explained_variance_negative", "warning", ("value/explained_variance", EV_MIN_POINTS))
 def _explained_variance_negative(h: History):
     key = "value/explained_variance"
     if not h.has(key, EV_MIN_POINTS):
@@ -631,7 +653,7 @@ def _explained_variance_negative(h: History):
     )
 
 
-@_rule("truncation", "warning")
+@_rule("truncation", "warning", ("rollout/eos_rate", MIN_POINTS))
 def _truncation(h: History):
     key = "rollout/eos_rate"
     steps, eos = h.tail(key, 10)
@@ -648,7 +670,7 @@ def _truncation(h: History):
     )
 
 
-@_rule("no_group_signal", "warning")
+@_rule("no_group_signal", "warning", (FLAT_GROUPS_KEY, MIN_POINTS))
 def _no_group_signal(h: History):
     key = FLAT_GROUPS_KEY
     steps, share = h.tail(key, 10)
@@ -675,7 +697,7 @@ def _no_group_signal(h: History):
     )
 
 
-@_rule("engine_mismatch", "warning")
+@_rule("engine_mismatch", "warning", (MISMATCH_KEY, MIN_POINTS), (MISMATCH_KEY, 2 * MIN_POINTS, "growth test"))
 def _engine_mismatch(h: History):
     key = MISMATCH_KEY
     if not h.has(key):
@@ -700,7 +722,7 @@ def _engine_mismatch(h: History):
     )
 
 
-@_rule("both_logps_down", "warning")
+@_rule("both_logps_down", "warning", ("rewards/chosen", 2 * MIN_POINTS))
 def _both_logps_down(h: History):
     chosen_key, rejected_key = "rewards/chosen", "rewards/rejected"
     if not (h.has(chosen_key, 2 * MIN_POINTS) and h.has(rejected_key, 2 * MIN_POINTS)):
