@@ -13,7 +13,7 @@ shared machine: run `--parallel 1 --threads 2` alone for speed numbers).
 
 Per seed, read back from what the run wrote (nothing is recomputed):
 - gain: the policy's gold minus the baseline's, paired over prompts, with its 95% bootstrap CI (eval.json);
-- findings: the doctor's findings during PPO (ppo/findings.jsonl);
+- findings: the doctor's findings during PPO (ppo/findings.jsonl), and the rules the PPO run was too short to judge;
 - RM: the reward model's held-out accuracy (split by prompt) and its calibration, bin by bin: a bin follows
   Bradley-Terry when the model's predicted accuracy lies in the 95% Wilson interval of the bin's observed accuracy;
 - relevance (where the task has an on-task signal): the policy's mean against the baseline's CI: a fall below its lower
@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from quartet.annotate.agreement import wilson_interval
+from quartet.monitor.doctor import unjudged_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINING_STAGES = ("sft", "label", "rm", "dpo", "ppo")
@@ -130,7 +131,8 @@ def read_seed(seed: int, out: Path, wall: float) -> dict:
         "seed": seed, "policy": policy,
         "gold_baseline": b["gold"], "gold_policy": p["gold"], "gain": diff,
         "gain_ci_excludes_0": diff["lo"] > 0, "win_rate": p["win_rate"],
-        "findings": findings, "rm": calibration(out), "relevance": relevance,
+        "findings": findings, "too_short": unjudged_run(out / "ppo") if (out / "ppo" / "metrics.jsonl").is_file() else [],
+        "rm": calibration(out), "relevance": relevance,
         "kl": p["kl"]["mean"], "length": p["length"]["mean"], "length_baseline": b["length"]["mean"],
         "stage_seconds": stage_seconds(out), "wall_seconds": wall,
     }
@@ -163,6 +165,9 @@ def table(rows: list[dict]) -> str:
     gains = sum(r["gain_ci_excludes_0"] for r in rows)
     clean = sum(not r["findings"] for r in rows)
     lines += ["", f"- gain's CI excludes 0: {gains}/{n}; no findings: {clean}/{n}"]
+    short = sorted({line for r in rows for line in r.get("too_short", [])})
+    if short:
+        lines.append("- too short for the doctor to judge: " + "; ".join(short))
     rms = [r["rm"] for r in rows if r["rm"]]
     if rms:
         good = sum(rm["accuracy"] >= 0.75 for rm in rms)

@@ -70,3 +70,15 @@ def test_the_table_counts_what_the_recipe_is_judged_by(seeds, tmp_path):
     assert "RM held-out accuracy >= 0.75: 2/2; every bin follows Bradley-Terry: 1/2" in text
     assert "relevance not below the baseline's CI: 2/2" in text
     assert text.count("\n| ") == 2  # one row per seed under the header
+    assert "too short" not in text
+
+
+def test_the_table_says_what_the_ppo_runs_were_too_short_to_judge(seeds, tmp_path):
+    run = write_run(tmp_path / "a", 0.15, None)
+    (run / "ppo" / "metrics.jsonl").write_text("".join(
+        json.dumps({"stage": "ppo", "step": s, "objective/kl": 1.0, "value/loss": 0.5}) + "\n" for s in range(1, 8)))
+    row = seeds.read_seed(0, run, 0.0)
+    assert row["too_short"] == ["reward_flat_kl_zero (objective/kl: 7 of the 10 points it needs)",
+                                "kl_blowup's KL-growth test (objective/kl: 7 of the 10 points it needs)",
+                                "value_loss_stuck (value/loss: 7 of the 15 points it needs)"]
+    assert "- too short for the doctor to judge: kl_blowup's KL-growth test" in seeds.table([row])

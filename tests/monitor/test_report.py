@@ -57,7 +57,15 @@ def test_gold_chart_only_with_gold(tmp_path):
     write_report(run)
     names = {p.name for p in (run / "plots").glob("*.png")}
     assert "ppo-score.png" in names and "ppo-gold.png" not in names
-    assert "Doctor: no findings" in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    assert "Doctor: no findings. The logged metrics show none of the known failure modes." in page
+    assert "Too short to judge" not in page  # 20 points: every rule could fire
+
+    short = make_ppo_run(tmp_path / "short", n=7, rule=None)
+    write_report(short)
+    page = (short / "report.html").read_text()
+    assert "Doctor: no findings. The logged metrics show none of the known failure modes it could judge." in page
+    assert "Too short to judge" in page and "value_loss_stuck (value/loss: 7 of the 15 points it needs)" in page
 
 
 def test_all_text_is_escaped(pipeline_report):
