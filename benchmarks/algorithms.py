@@ -9,11 +9,12 @@ labels and reward model, evaluated against SFT with `quartet eval` (issues 10 an
 
 What each method is (all from the SFT model, LoRA r=16 like the demo, the demo's ppo section otherwise:
 lr 3e-4 with 4 warmup steps, beta 0.05, 48 new tokens at temperature 1, minibatch 8):
-- ppo: the demo's PPO (critic + GAE, shared value head, 16 prompts x 1 response per iteration, 2 epochs).
+- ppo: the demo's PPO (critic + GAE, shared value head, its rollout batch of prompts x 1 response per iteration,
+  2 epochs: 32 prompts since issue 40, 16 when the table below was measured).
 - grpo, rloo: the `quartet grpo` / `quartet rloo` presets (quartet.trainers.ppo.PRESETS) on top of those
   settings; reinforce_pp (and any other estimator name, e.g. dr_grpo, reinforce_pp_baseline, remax): the demo
-  settings with `advantage: <name>`. Critic-free, G = --group (4) responses per prompt and 16 / G prompts per
-  iteration, so an iteration samples as many responses as PPO's.
+  settings with `advantage: <name>`. Critic-free, G = --group (4) responses per prompt and PPO's prompts / G
+  prompts per iteration, so an iteration samples as many responses as PPO's.
 - dpo: `train_dpo` with the demo's dpo section (beta 0.1, lr 2e-4, batch 8) on the label stage's pairs;
   kl_samples 0 (eval measures KL).
 
