@@ -111,7 +111,10 @@ def cispo_loss(
     token keeps the gradient A * grad log pi, scaled by a bounded weight. Its gradient equals PPO's unclipped
     -A * rho * grad log pi with rho replaced by the clipped weight. min_weight None: no lower bound (as MiniMax-M1).
     The loss value itself means nothing (it is linear in log-probs); its gradient is the point.
-    stats: policy/clipfrac (share of tokens whose weight was clipped), policy/approx_kl, policy/ratio.
+    stats: policy/weight_clipfrac (share of tokens whose weight was clipped), policy/approx_kl, policy/ratio. Not
+    policy/clipfrac: that is PPO's share of tokens outside its trust region, which the doctor reads as "the updates
+    barely move the policy" when it stays at 0; CISPO's bound sits far out (5 by default), so its clipped share is
+    near 0 in a healthy run and would raise that alarm falsely.
     """
     log_ratio = logprobs - old_logprobs
     ratio = _ratio(log_ratio, mask, ratio_level)
@@ -121,7 +124,7 @@ def cispo_loss(
     with torch.no_grad():
         clipped = ratio > max_weight if min_weight is None else (ratio > max_weight) | (ratio < min_weight)
         stats = {
-            "policy/clipfrac": masked_mean(clipped.float(), mask),
+            "policy/weight_clipfrac": masked_mean(clipped.float(), mask),
             "policy/approx_kl": masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
             "policy/ratio": masked_mean(ratio, mask),
         }

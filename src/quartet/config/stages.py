@@ -690,6 +690,8 @@ class PPOConfig:
         """the metric keys every iteration of this run logs (docs/CONTRACTS.md names them), on one process; under
         N processes timing/gather as well"""
         keys = list(PPO_METRICS)
+        if self.policy_loss == "cispo":  # its clipped share is of importance weights, not PPO's trust region
+            keys[keys.index("policy/clipfrac")] = "policy/weight_clipfrac"
         if self.critic_kind != "none":
             keys += ["value/loss", "value/clipfrac", "value/explained_variance"]
         if self.critic_kind == "separate":  # each role's gradient is clipped by its own norm

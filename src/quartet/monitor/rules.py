@@ -459,10 +459,11 @@ def _reward_hacking_repetition(h: History):
     return _found(
         "reward_hacking_repetition", h, key, steps, values,
         f"{symptom} while {score[0]} rose by {score[1]:.3g}: the policy repeats a few phrases the reward likes",
-        "the reward model scores a phrase highly wherever it appears, and the policy's entropy is "
-        "collapsing onto it (mode collapse)",
+        "the reward (a reward model, or a rule such as a format reward) pays for a phrase or template wherever "
+        "it appears, and the policy's entropy is collapsing onto it (mode collapse); on a verifiable task this "
+        "is often answers shrinking to the marked answer alone, without the working",
         "raise kl_coef, add an entropy bonus (entropy_coef), add repetitive responses as rejected "
-        "examples to the preference data, and stop at an earlier checkpoint",
+        "examples to the preference data (or lower a format reward's weight), and stop at an earlier checkpoint",
         {score[0]: score[3]},
     )
 
