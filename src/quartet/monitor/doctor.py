@@ -92,11 +92,16 @@ def unjudged(records: list[dict]) -> list[str]:
             for stage, history in stages.items() for line in unjudged_counts(history.counts())]
 
 
+def unjudged_stages(stages: list[tuple[str, list[dict]]]) -> list[str]:
+    """:func:`unjudged` over (stage directory name, its records) pairs, each line prefixed with the name when there
+    are several."""
+    many = len(stages) > 1
+    return [f"{name}: {line}" if many else line for name, records in stages for line in unjudged(records)]
+
+
 def unjudged_run(run_dir) -> list[str]:
     """:func:`unjudged` over a run directory (or each stage of a pipeline directory)."""
-    dirs = stage_dirs(Path(run_dir))
-    many = len(dirs) > 1
-    return [f"{name}: {line}" if many else line for name, d in dirs for line in unjudged(read_metrics(d))]
+    return unjudged_stages([(name, read_metrics(d)) for name, d in stage_dirs(Path(run_dir))])
 
 
 def kl_target_from_config(run_dir: Path) -> float | None:

@@ -23,7 +23,7 @@ import yaml
 
 from quartet.atomic import atomic_dir, atomic_write_text
 from quartet.errors import DataError
-from quartet.monitor.doctor import diagnose, kl_target_from_config, unjudged
+from quartet.monitor.doctor import diagnose, kl_target_from_config, unjudged_stages
 from quartet.monitor.metrics import read_metrics, stage_dirs
 from quartet.monitor.rules import Finding
 
@@ -615,7 +615,7 @@ def write_report(run_dir) -> Path:
 
     findings: list[Finding] = []
     per_stage_findings = {}
-    short = [f"{name}: {line}" if len(stages) > 1 else line for name, _d, records in stages for line in unjudged(records)]
+    short = unjudged_stages([(name, records) for name, _d, records in stages])
     for name, d, records in stages:
         found = diagnose(records, kl_target=kl_target_from_config(d))
         for f in found:
