@@ -72,7 +72,19 @@ class Fake:
             def log_message(self, *args):
                 pass
 
+            counted = False
+
+            def leave(self):
+                """Count this request out of the in-flight ones, once, before the first byte of its reply: the
+                client may send its next request the moment it reads this one's, so counting out after the write
+                could see one more in flight than the client ever had."""
+                if self.counted:
+                    self.counted = False
+                    with fake.lock:
+                        fake.in_flight -= 1
+
             def send(self, code, body: bytes, headers=()):
+                self.leave()
                 self.send_response(code)
                 for k, v in dict(headers).items():
                     self.send_header(k, v)
@@ -104,11 +116,11 @@ class Fake:
                     action = fake.script.pop(0) if fake.script else "ok"
                     fake.in_flight += 1
                     fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
+                self.counted = True
                 try:
                     self.act(action, body)
                 finally:
-                    with fake.lock:
-                        fake.in_flight -= 1
+                    self.leave()
 
             def act(self, action, body):
                 if not self.authorised():
