@@ -303,6 +303,11 @@ class PPOConfig:
     `module:function`'s function, a directory's path; _2, _3 ... where two would be the same"""
     reward_weights: list | None = None
     """one weight per reward_funcs entry (TRL's reward_weights); null: 1.0 each"""
+    reward_uncertainty_coef: float = 0.0
+    """with two or more reward models among reward_funcs (an ensemble, e.g. one trained per seed), subtract this x
+    the variance of their scores from each response's score: uncertainty-weighted optimisation (Coste et al. 2023,
+    "Reward Model Ensembles Help Mitigate Overoptimization"), so the policy is paid less where the members
+    disagree. The variance is logged as rollout/reward_ensemble_var. 0: off"""
     gold: str | None = None
     """a second judge logged as objective/gold next to the proxy reward (e.g. the task's gold judge when a
     reward model is trained on it), so the doctor can catch over-optimisation; never optimised"""
@@ -579,6 +584,10 @@ class PPOConfig:
 
     def _validate_rewards(self, where: str) -> None:
         """reward_funcs / reward_weights: spec strings, one finite weight each, given instead of `reward`."""
+        non_negative(self.reward_uncertainty_coef, f"{where}.reward_uncertainty_coef")
+        if self.reward_uncertainty_coef and len(self.reward_funcs) < 2:
+            raise ConfigError(f"{where}.reward_uncertainty_coef: penalises the disagreement of two or more reward "
+                              f"models; list them in reward_funcs (it has {len(self.reward_funcs)})")
         if self.reward_weights is not None and not self.reward_funcs:
             raise ConfigError(f"{where}.reward_weights: given without reward_funcs (one weight per reward function)")
         if not self.reward_funcs:
@@ -648,7 +657,10 @@ class PPOConfig:
         if not self.reward_funcs:
             return self.reward
         weights = self.reward_weights or [1.0] * len(self.reward_funcs)
-        return " + ".join(f"{w:g} x {spec}" for w, spec in zip(weights, self.reward_funcs))
+        text = " + ".join(f"{w:g} x {spec}" for w, spec in zip(weights, self.reward_funcs))
+        if self.reward_uncertainty_coef:
+            text += f" - {self.reward_uncertainty_coef:g} x the reward models' variance"
+        return text
 
     @property
     def ratio_clip(self) -> tuple[float, float]:
@@ -702,6 +714,8 @@ class PPOConfig:
             keys.append("objective/gold")
         keys += [f"rollout/{name}" for name in self.monitor_judges]
         keys += [f"rollout/{name}" for name in self.reward_terms]
+        if self.reward_uncertainty_coef:
+            keys.append("rollout/reward_ensemble_var")
         if self.samples_per_prompt >= 2:
             keys.append("rollout/zero_std_groups")
         if self.dynamic_sampling:

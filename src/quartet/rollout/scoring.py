@@ -95,24 +95,47 @@ class Scorer:
         return self(prompts, responses), {}
 
 
+ENSEMBLE_VAR = "reward_ensemble_var"
+"""the name `RewardSum.terms` logs the reward models' disagreement under (rollout/reward_ensemble_var)"""
+
+
 class RewardSum:
     """The weighted sum of several rewards (TRL's reward_funcs / reward_weights): `scorer(prompts, responses) -> (B,)
     float32` as a `Scorer`'s, and `terms(...)` for the sum together with each term's own scores, each term scored
-    once. `terms`: (name, weight, spec) in order; `scorer_kw` go to each term's `Scorer`."""
+    once. `terms`: (name, weight, spec) in order; `scorer_kw` go to each term's `Scorer`.
 
-    def __init__(self, terms: list[tuple[str, float, str]], **scorer_kw):
+    `uncertainty_coef` > 0: the terms that are reward models form an ensemble (two or more), and the sum loses
+    uncertainty_coef x the variance of their scores per response (Coste et al. 2023's uncertainty-weighted
+    optimisation: a response the members disagree on is worth less, whatever their mean)."""
+
+    def __init__(self, terms: list[tuple[str, float, str]], uncertainty_coef: float = 0.0, **scorer_kw):
         self.weights = [(name, float(weight)) for name, weight, _ in terms]
         self.scorers = {}
         for name, _, spec in terms:
             self.scorers[name] = Scorer(spec, **scorer_kw)
         self.spec = " + ".join(f"{w:g} x {spec}" for (_, w), (_, _, spec) in zip(self.weights, terms))
+        self.uncertainty_coef = float(uncertainty_coef)
+        self.members = [name for name, scorer in self.scorers.items() if scorer.reward_model is not None]
+        if self.uncertainty_coef:
+            if len(self.members) < 2:
+                raise ConfigError(f"reward_uncertainty_coef: penalises the disagreement of two or more reward "
+                                  f"models, and reward_funcs has {len(self.members)} ({self.spec})")
+            if ENSEMBLE_VAR in self.scorers:
+                raise ConfigError(f"reward_uncertainty_coef: a reward term is already named {ENSEMBLE_VAR}, the "
+                                  f"name its variance is logged under; rename that term's spec")
+            self.spec += f" - {self.uncertainty_coef:g} x var({', '.join(self.members)})"
 
     def terms(self, prompts: list, responses: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(the weighted sum (B,), {name: that term's scores (B,)})"""
+        """(the weighted sum (B,) less any uncertainty penalty, {name: that term's scores (B,)}, with
+        reward_ensemble_var (B,) when there is a penalty)"""
         parts = {name: self.scorers[name](prompts, responses) for name, _ in self.weights}
         total = torch.zeros(len(responses), dtype=torch.float32)
         for name, weight in self.weights:
             total = total + weight * parts[name]
+        if self.uncertainty_coef:  # the population variance over the members, per response
+            var = torch.stack([parts[name] for name in self.members]).var(dim=0, correction=0)
+            total = total - self.uncertainty_coef * var
+            parts[ENSEMBLE_VAR] = var
         return total, parts
 
     def __call__(self, prompts: list, responses: list[str]) -> torch.Tensor:

@@ -161,7 +161,7 @@ def _reward(cfg: PPOConfig, compute: torch.dtype) -> Scorer | RewardSum:
     weights = cfg.reward_weights or [1.0] * len(cfg.reward_funcs)
     terms = [(name, w, spec) for (name, spec), w in zip(cfg.reward_terms.items(), weights)]
     try:
-        return RewardSum(terms, autocast=compute, timeout=cfg.judge_timeout)
+        return RewardSum(terms, cfg.reward_uncertainty_coef, autocast=compute, timeout=cfg.judge_timeout)
     except ConfigError as e:
         raise ConfigError(f"ppo.reward_funcs: {e}") from None
 
