@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--samples-per-prompt", type=int, default=1, metavar="N",
                            help="responses sampled per prompt (default 1); for a right/wrong gold judge, pass@k for "
                                 "k up to N")
+            p.add_argument("--kl-samples-per-prompt", type=int, default=None, metavar="N",
+                           help="measure the KL to the reference on each prompt's first N samples only (default: "
+                                "all; its float32 forwards cost ~2.5x the sampling)")
             p.add_argument("--extra-tasks", type=_names, default=None, metavar="TASK,TASK",
                            help="built-in tasks each checkpoint is also evaluated on, with their eval split and gold "
                                 "judge (the alignment tax), e.g. constraints,arithmetic")

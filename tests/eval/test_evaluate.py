@@ -242,3 +242,26 @@ def test_format_samples_puts_the_worst_change_first_with_two_decimals():
     assert "| checkpoint | gold | relevance | response |" in text
     assert "| ppo | 0.10 | 0.12 | q1 |" in text and "| sft | 0.50 | 0.50 | s1 |" in text
     assert "seed" not in text and "12345678" not in text
+
+
+def test_kl_on_the_first_samples_of_each_prompt_is_those_samples_kl_and_the_scores_keep_every_sample(tmp_path):
+    """kl_samples_per_prompt=1 of 3: the KL of the rows measured is the full run's KL of the same rows (same seeds,
+    same samples), the rest are null, each prompt's KL is its first sample's, and gold still averages all three."""
+    full = evaluate([OTHER, TINY], out=tmp_path / "full", samples_per_prompt=3, **FAST)
+    part = evaluate([OTHER, TINY], out=tmp_path / "part", samples_per_prompt=3, kl_samples_per_prompt=1, **FAST)
+    rec_full = [r for r in full.records if r["checkpoint"] == TINY]
+    rec_part = [r for r in part.records if r["checkpoint"] == TINY]
+    assert [r["response"] for r in rec_full] == [r["response"] for r in rec_part]
+    for a, b in zip(rec_full, rec_part):
+        if b["sample"] == 0:
+            assert b["kl"] == pytest.approx(a["kl"], abs=1e-4) and b["kl_full"] == pytest.approx(a["kl_full"], abs=1e-4)
+        else:
+            assert b["kl"] is None and b["kl_full"] is None
+    first = [r["kl"] for r in rec_part if r["sample"] == 0]
+    assert part.checkpoints[TINY]["kl"]["mean"] == pytest.approx(sum(first) / len(first), abs=1e-6)
+    assert full.checkpoints[TINY]["kl"]["mean"] != pytest.approx(part.checkpoints[TINY]["kl"]["mean"], abs=1e-6)
+    for key in ("gold", "score_diff", "win_rate", "length"):
+        assert part.checkpoints[TINY][key] == full.checkpoints[TINY][key]
+    assert "KL to" in format_table(full) and "on each prompt's first sample" in format_table(part)
+    with pytest.raises(ConfigError, match="kl_samples_per_prompt: 4 is more than the 3 samples_per_prompt drawn"):
+        evaluate([TINY], samples_per_prompt=3, kl_samples_per_prompt=4, **FAST)

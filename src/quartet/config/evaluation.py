@@ -45,6 +45,10 @@ class EvalConfig:
     """sampling seed: each prompt's samples are seeded from it, the same for every checkpoint"""
     samples_per_prompt: int = 1
     """responses sampled per prompt, each from its own seed"""
+    kl_samples_per_prompt: int | None = None
+    """of each prompt's samples, the first N have their KL to the reference measured (a float32 forward of the
+    checkpoint and one of the reference each, ~2.5x what sampling them costs on a CPU); null: all of them. The
+    scores (gold, relevance, win rate) always use every sample"""
     max_prompt_tokens: int = 256
     """longer prompts keep their last tokens"""
     batch_size: int = 16
@@ -84,6 +88,11 @@ class EvalConfig:
             positive(self.num_prompts, at("num_prompts"))
         for name in ("max_new_tokens", "samples_per_prompt", "max_prompt_tokens", "batch_size"):
             positive(getattr(self, name), at(name))
+        if self.kl_samples_per_prompt is not None:
+            positive(self.kl_samples_per_prompt, at("kl_samples_per_prompt"))
+            if self.kl_samples_per_prompt > self.samples_per_prompt:
+                raise ConfigError(f"{at('kl_samples_per_prompt')}: {self.kl_samples_per_prompt} is more than the "
+                                  f"{self.samples_per_prompt} samples_per_prompt drawn")
         non_negative(self.temperature, at("temperature"))  # 0 = greedy
         seed(self.seed, at("seed"))
         number(self.top_p, at("top_p"))

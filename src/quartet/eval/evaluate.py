@@ -308,6 +308,7 @@ def cli(args) -> int:
         judge_timeout=getattr(args, "judge_timeout", JUDGE_TIMEOUT),
         bad_cases=getattr(args, "bad_cases", EvalConfig.bad_cases),
         samples_per_prompt=getattr(args, "samples_per_prompt", 1),
+        kl_samples_per_prompt=getattr(args, "kl_samples_per_prompt", None),
         batch_size=getattr(args, "batch_size", EvalConfig.batch_size),
         extra_tasks=getattr(args, "extra_tasks", None) or [],
         judge=getattr(args, "judge", None),
@@ -461,11 +462,14 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalConfig, 
     if model is ref_model:  # the reference itself: every log-ratio is 0, skip two float32 forwards
         run["kl"] = run["kl_full"] = [0.0] * len(rows)
     elif _same_vocab(tok, ref_tok):
+        kk = s.kl_samples_per_prompt or k  # the first kk samples of each prompt: KL's forwards cost more than sampling
+        idx = torch.tensor([r for r, (_, j) in enumerate(rows) if j < kk])
         logp, ref_logp, kl_full = sequence_logprobs(
-            model, ref_model, prompt_ids, prompt_mask, response_ids, response_mask, s.temperature
+            model, ref_model, prompt_ids[idx], prompt_mask[idx], response_ids[idx], response_mask[idx], s.temperature
         )
-        run["kl"] = (logp - ref_logp).sum(dim=1).tolist()
-        run["kl_full"] = kl_full.sum(dim=1).tolist()
+        run["kl"], run["kl_full"] = [None] * len(rows), [None] * len(rows)
+        for r, kl, full in zip(idx.tolist(), (logp - ref_logp).sum(dim=1).tolist(), kl_full.sum(dim=1).tolist()):
+            run["kl"][r], run["kl_full"][r] = kl, full
     else:
         log.warning("eval: the reference's tokenizer differs from this checkpoint's; KL not measured")
     return run
@@ -601,9 +605,21 @@ def _judged(run: dict, k: int, seed: int) -> dict:
             "judge_ties": sum(w == 0.5 for w in wins) / len(wins)}
 
 
-def _per_prompt(values: list[float], k: int) -> list[float]:
-    """Average the k samples of each prompt: prompts, not samples, are the independent draws."""
-    return values if k == 1 else [sum(values[i : i + k]) / k for i in range(0, len(values), k)]
+def _kl_subset(s: dict) -> str:
+    """' on each prompt's first N samples' where KL was measured on fewer than all of them, else ''"""
+    n = s.get("kl_samples_per_prompt")
+    if not n or n >= s["samples_per_prompt"]:
+        return ""
+    return " on each prompt's first sample" if n == 1 else f" on each prompt's first {n} samples"
+
+
+def _per_prompt(values: list[float | None], k: int) -> list[float]:
+    """Average the k samples of each prompt: prompts, not samples, are the independent draws. None: a sample not
+    measured (KL beyond kl_samples_per_prompt), left out of its prompt's mean."""
+    if k == 1:
+        return values
+    chunks = [[v for v in values[i : i + k] if v is not None] for i in range(0, len(values), k)]
+    return [sum(c) / len(c) for c in chunks]
 
 
 # --------------------------------------------------------------------------- printing
@@ -628,7 +644,8 @@ def format_table(result: EvalResult, names: dict[str, str] | None = None) -> str
     lines.append("")
     lines.append(
         f"{s['num_prompts']} prompts x {s['samples_per_prompt']} from {s['prompts']}, temperature {s['temperature']}, "
-        f"top_p {s['top_p']}, {s['max_new_tokens']} new tokens, seed {s['seed']}; KL to {_label(s['reference'], names)}; "
+        f"top_p {s['top_p']}, {s['max_new_tokens']} new tokens, seed {s['seed']}; KL to {_label(s['reference'], names)}"
+        f"{_kl_subset(s)}; "
         f"95% bootstrap CIs; win rate and score diff by {s['judge'] or 'nothing'} vs {_label(result.baseline, names)}"
         + (f"; judge win rate by {s['judge_spec']} vs {_label(result.baseline, names)}, each pair judged in both "
            f"orders, {split}" if s.get("judge_spec") else "")
