@@ -122,6 +122,29 @@ def test_a_sample_replays_alone_from_its_seed():
         assert torch.equal(Sampler(EvalConfig(**kw)).sample(model, tok, one_ids, one_mask, [seeds[i]])[0], batch[i])
 
 
+@torch.no_grad()
+def test_k_samples_from_one_prefill_draw_what_the_repeated_prompts_draw():
+    """eval prefills each prompt once for its samples_per_prompt rows (a quarter of the prefill for 4): row (i, j)
+    still draws with seed (i, j) what the prompt repeated k times drew. In fp32, token for token; bf16's sampling
+    copy computes the prompt's last token through the cache in other matmul shapes, whose bf16 rounding may differ
+    by kernel (AVX-512 BF16 packs them), so there it is checked on the kind it runs on only as a valid draw."""
+    model, tok = load_causal_lm(TINY)
+    prompts = get_task("tiny-target").prompts("eval")[:5]
+    enc = encode_prompts(tok, prompts, 64)
+    k = 3
+    seeds = [sample_seed(3, i, j, stream=EVAL_STREAM) for i in range(5) for j in range(k)]
+    ids, mask = left_pad(enc.input_ids, tok.pad_token_id)
+    for dtype in ("fp32", "bf16"):
+        sampler = Sampler(EvalConfig(max_new_tokens=12, temperature=1.0, top_p=0.9, sample_dtype=dtype,
+                                     batch_size=6))
+        once = sampler.sample(model, tok, ids, mask, seeds, num_samples=k)
+        assert once.shape == (5 * k, 12)
+        assert len({tuple(r.tolist()) for r in once[:k]}) > 1  # a prompt's samples differ: not one answer copied
+        if dtype == "fp32":
+            repeated = sampler.sample(model, tok, ids.repeat_interleave(k, 0), mask.repeat_interleave(k, 0), seeds)
+            assert torch.equal(once, repeated)
+
+
 def test_greedy_with_two_samples_per_prompt_and_a_reward_model(tmp_path):
     rm = load_reward_model(TINY)
     save_reward_model(rm, tmp_path / "rm")

@@ -3,8 +3,10 @@ suite: the file name does not start with test_). One engine serves every test he
 ~30 s and the first call at each new batch shape another 10-30 s on CPU.
 
 The model is a tiny random Llama whose output layer is scaled up so that its next-token distributions are far
-from uniform (a uniform one would hide a sampler that ignores the logits). Its weights are rounded to bf16 first,
-so the trainer's fp32 forward and the bf16 engine see the same numbers.
+from uniform (a uniform one would hide a sampler that ignores the logits). The engine runs in the dtype a user's
+run gets on this machine (`precision: auto`): bf16 where the CPU multiplies it natively, fp32 on an AVX2-only CPU,
+where emulated bf16 made this suite take 4 minutes (2026-11-27). The weights are rounded to that dtype first, so
+the trainer's fp32 forward and the engine see the same numbers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from builders import tiny_ppo
 from quartet.config import GenerationConfig, LoraConfig, from_dict
 from quartet.models import apply_lora, load_causal_lm
+from quartet.models.precision import generation_dtype
 from quartet.rollout.engine import HFEngine, make_engine
 from quartet.rollout.weights import merged_state_dict
 from quartet.trainers.ppo_roles import actor_logprobs
@@ -29,6 +32,7 @@ TINY = "tiny:llama?hidden=128&layers=2&heads=2&vocab=300&seed=5"
 PROMPT = [40, 41, 42, 43, 44]
 N = 3000  # one-token samples per chi-square test
 REPORT = os.environ.get("QUARTET_VLLM_REPORT")  # numbers for the launching test to print
+DTYPE = generation_dtype("auto")  # the engine's dtype in a user's run here: bf16 with native bf16, else fp32
 
 
 def report(**numbers):
@@ -37,11 +41,11 @@ def report(**numbers):
             f.write(json.dumps(numbers) + "\n")
 
 
-def bf16_exact(model):
+def exact_in_engine_dtype(model):
     with torch.no_grad():
         model.lm_head.weight.mul_(10.0)  # logits spread over several nats
         for p in model.parameters():
-            p.copy_(p.to(torch.bfloat16).float())
+            p.copy_(p.to(DTYPE).float())
     return model
 
 
@@ -49,12 +53,12 @@ def bf16_exact(model):
 def setup():
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: plenty for these tiny requests
     model, tok = load_causal_lm(TINY)
-    model = bf16_exact(model)
+    model = exact_in_engine_dtype(model)
     cfg = GenerationConfig(max_new_tokens=1, temperature=1.0, top_p=1.0, top_k=0, engine="vllm")
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    engine = make_engine(model, tok, cfg, torch.bfloat16)  # the registry path PPO, label and rm take
+    engine = make_engine(model, tok, cfg, DTYPE)  # the registry path PPO, label and rm take
     assert torch.equal(torch.rand(3), expected)  # starting vLLM left the trainer's random state alone
     assert isinstance(engine, vllm_engine.VLLMEngine)
     return model, tok, cfg, engine
@@ -98,7 +102,7 @@ def test_one_token_samples_follow_the_trainers_softmax(setup):
     top50 = probs.clone()
     top50[probs.argsort(descending=True)[50:]] = 0
     assert chi_square_p(counts, top50 / top50.sum())[0] < 1e-6
-    # the engine's log-prob of each sampled token is the trainer's, up to bf16 arithmetic
+    # the engine's log-prob of each sampled token is the trainer's, up to bf16 arithmetic (fp32's is far smaller)
     lp = probs.log()[ro.response_ids[:, 0]].float()
     assert (ro.engine_logprobs[:, 0] - lp).abs().max() < 0.05
 
@@ -152,8 +156,8 @@ def test_sync_moves_the_sampled_distribution_lora_merged(setup):
                 p.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
     # a prompt of 300 tokens: vLLM's prefix cache (blocks of 128 here) keeps its keys and values between calls
     prompt = torch.randint(4, 300, (300,), generator=torch.Generator().manual_seed(2)).tolist()
-    merged = copy.deepcopy(model)  # what the engine receives: the LoRA-merged weights rounded to bf16
-    merged.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in merged_state_dict(actor).items()})
+    merged = copy.deepcopy(model)  # what the engine receives: the LoRA-merged weights in its dtype
+    merged.load_state_dict({k: v.to(DTYPE).float() for k, v in merged_state_dict(actor).items()})
     before = next_token_probs(model, prompt)
     after = next_token_probs(merged, prompt)
     assert 0.5 * (after - before).abs().sum() > 0.2  # the update changed the policy a lot
@@ -185,7 +189,7 @@ def test_engine_logprobs_and_greedy_agree_with_hf(setup):
     m = ro.response_mask
     diff = ((old - ro.engine_logprobs).abs() * m)
     mean_diff = float(diff.sum() / m.sum())
-    hf = HFEngine(model, tok, GenerationConfig(max_new_tokens=16, batch_size=16), dtype=torch.bfloat16)
+    hf = HFEngine(model, tok, GenerationConfig(max_new_tokens=16, batch_size=16), dtype=DTYPE)
     g_hf = hf.generate(ids, mask, greedy=True)
     g_vllm = engine.generate(ids, mask, greedy=True)
     same = float((g_hf.response_ids == g_vllm.response_ids[:, : g_hf.response_ids.shape[1]]).float().mean()) \
@@ -225,7 +229,8 @@ def test_ppo_with_the_vllm_engine_logs_the_gap_and_corrects_it(setup, tmp_path, 
         assert handed and len(records) == 3
         for r in records:
             assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
-            # the engine samples from the weights being trained: bf16-sized gaps, weights near 1
+            # the engine samples from the weights being trained: gaps of its dtype's rounding (bf16 ~1e-3, fp32
+            # ~1e-7: other kernels round differently, never all alike), TIS weights near 1
             assert 0 < r["rollout/logprob_diff_mean"] < 0.05, r["rollout/logprob_diff_mean"]
             assert r["rollout/logprob_diff_max"] < 1.0
             assert 0.9 < r["policy/tis_weight"] < 1.1 and 0 <= r["policy/tis_capped"] < 0.01
@@ -257,7 +262,7 @@ def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypa
     started = []
 
     def shared_engine(actor, tokenizer, gen_cfg, dtype, share_weights=False):  # stands in for a second start
-        assert gen_cfg.engine == "vllm" and gen_cfg.top_k == 0 and dtype == torch.bfloat16
+        assert gen_cfg.engine == "vllm" and gen_cfg.top_k == 0 and dtype == DTYPE
         started.append(gen_cfg)
         engine.cfg, engine.tokenizer = gen_cfg, tokenizer
         engine.sync(actor)
@@ -265,7 +270,8 @@ def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypa
 
     monkeypatch.setattr(eval_module, "make_engine", shared_engine)
     kw = dict(prompts="task:tiny-target/eval", num_prompts=8, samples_per_prompt=4, max_new_tokens=12,
-              temperature=1.0, relevance=None, sample_dtype="bf16", engine="vllm")
+              temperature=1.0, relevance=None, sample_dtype="bf16" if DTYPE == torch.bfloat16 else "fp32",
+              engine="vllm")
     try:
         first = evaluate([a, b], **kw)
         flipped = evaluate([b, a], baseline=a, **kw)  # the engine now starts from b; a's weights reloaded after

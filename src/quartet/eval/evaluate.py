@@ -353,19 +353,22 @@ class Sampler:
         self.first: tuple[str, dict] | None = None  # (checkpoint, architecture) the vLLM engine was started with
 
     def sample(self, model, tok, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, seeds: list[int],
-               path: str = "") -> torch.Tensor:
-        """Response ids (B, R) for left-padded prompt rows, row b drawn with seed seeds[b]; pad after EOS.
-        hf: R is max_new_tokens, the width KL has always been summed over (a float sum's order follows it)."""
+               path: str = "", num_samples: int = 1) -> torch.Tensor:
+        """Response ids (B x num_samples, R) for left-padded prompts, each prompt's `num_samples` rows one after
+        another, row b drawn with seed seeds[b]; pad after EOS. hf: R is max_new_tokens, the width KL has always
+        been summed over (a float sum's order follows it); each prompt is prefilled once for its samples, which
+        draws what the prompt repeated would (tests/eval/test_evaluate.py) at a quarter of the prefill for 4."""
         greedy = self.s.temperature == 0
         if self.s.engine == "vllm":
             engine = self._vllm(model, tok, path)
-            return engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds).response_ids
+            return engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds,
+                                   num_samples=num_samples).response_ids
         sampling = model
         if self.s.sample_dtype != "fp32":  # a low-precision copy that only samples: its linears laid out once
             sampling = copy.deepcopy(model).to(DTYPES[self.s.sample_dtype])
             pack_linears(sampling, rows=self.s.batch_size)
         return sample_as_is(sampling, tok, self.cfg, DTYPES[self.s.sample_dtype], prompt_ids, prompt_mask, seeds,
-                            greedy=greedy)
+                            greedy=greedy, num_samples=num_samples)
 
     def _vllm(self, model, tok, path: str):
         arch = _architecture(model)
@@ -442,7 +445,9 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalConfig, 
     seqs = [list(enc.input_ids[i]) for i, _ in rows]
     prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
     seeds = [sample_seed(s.seed, i, j, stream=EVAL_STREAM) for i, j in rows]
-    response_ids = sampler.sample(model, tok, prompt_ids, prompt_mask, seeds, path)
+    # each prompt once, its k samples from one prefill: the same padded width as the rows above
+    once_ids, once_mask = left_pad([list(ids) for ids in enc.input_ids], tok.pad_token_id)
+    response_ids = sampler.sample(model, tok, once_ids, once_mask, seeds, path, num_samples=k)
     response_mask, eos = response_mask_from_ids(response_ids, tok.eos_token_id)
     lengths = response_mask.sum(dim=1)
     responses = [

@@ -274,14 +274,16 @@ class PerRowInverseCDF:
 
 @torch.no_grad()
 def sample_as_is(model: torch.nn.Module, tokenizer, gen_cfg, dtype: torch.dtype, prompt_ids: torch.Tensor,
-                 prompt_mask: torch.Tensor, seeds: list[int], greedy: bool = False) -> torch.Tensor:
-    """Response ids (B, max_new_tokens) of `model` sampled as it is (`dtype` its own: nothing cast, LoRA unmerged),
-    row b drawn with seeds[b] from the full softmax (top-k off) with the nucleus cut in float64, padded after EOS to
-    max_new_tokens: how `quartet eval` and DPO's KL probe have always sampled, and the width their KL is summed
-    over (a float sum's order follows it)."""
+                 prompt_mask: torch.Tensor, seeds: list[int], greedy: bool = False,
+                 num_samples: int = 1) -> torch.Tensor:
+    """Response ids (B x num_samples, max_new_tokens) of `model` sampled as it is (`dtype` its own: nothing cast,
+    LoRA unmerged), row b drawn with seeds[b] from the full softmax (top-k off) with the nucleus cut in float64,
+    padded after EOS to max_new_tokens: how `quartet eval` and DPO's KL probe have always sampled, and the width
+    their KL is summed over (a float sum's order follows it). `num_samples`: each prompt's rows follow one another
+    (as `repeat_interleave` lays them out), its prompt prefilled once for all of them (`HFEngine._shared_prefill`)."""
     engine = HFEngine(model, tokenizer, dataclasses.replace(gen_cfg, top_k=0), dtype, share_weights=True,
                       float64_top_p=True)
-    ids = engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds).response_ids
+    ids = engine.generate(prompt_ids, prompt_mask, greedy=greedy, seeds=seeds, num_samples=num_samples).response_ids
     return torch.nn.functional.pad(ids, (0, gen_cfg.max_new_tokens - ids.shape[1]), value=tokenizer.pad_token_id)
 
 
