@@ -270,8 +270,7 @@ def test_eval_samples_every_checkpoint_with_one_engine(setup, tmp_path, monkeypa
 
     monkeypatch.setattr(eval_module, "make_engine", shared_engine)
     kw = dict(prompts="task:tiny-target/eval", num_prompts=8, samples_per_prompt=4, max_new_tokens=12,
-              temperature=1.0, relevance=None, sample_dtype="bf16" if DTYPE == torch.bfloat16 else "fp32",
-              engine="vllm")
+              temperature=1.0, relevance=None, sample_dtype="auto", engine="vllm")  # auto: DTYPE, as asserted above
     try:
         first = evaluate([a, b], **kw)
         flipped = evaluate([b, a], baseline=a, **kw)  # the engine now starts from b; a's weights reloaded after

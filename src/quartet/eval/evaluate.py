@@ -444,11 +444,10 @@ def _run_checkpoint(model, tok, ref_model, ref_tok, prompt_list, s: EvalConfig, 
     enc = encode_prompts(tok, prompt_list, s.max_prompt_tokens, "left", True)
     k = s.samples_per_prompt
     rows = [(i, j) for i in range(len(prompt_list)) for j in range(k)]
-    seqs = [list(enc.input_ids[i]) for i, _ in rows]
-    prompt_ids, prompt_mask = left_pad(seqs, tok.pad_token_id)
-    seeds = [sample_seed(s.seed, i, j, stream=EVAL_STREAM) for i, j in rows]
-    # each prompt once, its k samples from one prefill: the same padded width as the rows above
     once_ids, once_mask = left_pad([list(ids) for ids in enc.input_ids], tok.pad_token_id)
+    prompt_ids, prompt_mask = once_ids.repeat_interleave(k, 0), once_mask.repeat_interleave(k, 0)  # row (i, j)
+    seeds = [sample_seed(s.seed, i, j, stream=EVAL_STREAM) for i, j in rows]
+    # each prompt prefilled once for its k samples
     response_ids = sampler.sample(model, tok, once_ids, once_mask, seeds, path, num_samples=k)
     response_mask, eos = response_mask_from_ids(response_ids, tok.eos_token_id)
     lengths = response_mask.sum(dim=1)
