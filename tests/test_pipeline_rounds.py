@@ -15,6 +15,8 @@ from quartet.monitor.metrics import stage_dirs
 from quartet.monitor.report import _stage_label
 from quartet.pipeline import _steps, load_pipeline, run_pipeline
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 LM = "tiny:llama?hidden=32&layers=1&heads=4&vocab=300"
 ROOT = Path(__file__).parent.parent
 

@@ -18,6 +18,8 @@ from quartet.eval.evaluate import evaluate, format_table
 from quartet.eval.stats import bootstrap_ci
 from quartet.preflight import check_inputs, stage_inputs
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 OTHER = TINY + "&seed=1"
 JUDGE = "llm:" + TINY

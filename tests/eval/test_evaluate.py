@@ -17,6 +17,8 @@ from quartet.models import load_causal_lm, load_reward_model, save_model, save_r
 from quartet.rollout.sampling import EVAL_STREAM, sample_seed
 from quartet.tasks import get_task
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 OTHER = TINY + "&seed=1"
 PROMPTS = "task:tiny-target/eval"

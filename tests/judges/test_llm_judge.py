@@ -36,6 +36,8 @@ from quartet.models.precision import generation_dtype, precision_name
 from quartet.models.tiny import CHAT_TEMPLATE, SPECIALS, build_tiny
 from quartet.tasks import get_task
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TOL = 1e-4  # argued in the module docstring
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=264&seed=3"
 PROMPTS = ["abc", "tell me about x", "q", "a longer prompt with some more words in it", "zz"]
@@ -56,8 +58,8 @@ def rater():
 def _logprobs(model, ids: list[int]) -> torch.Tensor:
     """The slow reference: one unpadded row, default positions, float64 log-softmax at every position."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids])).logits[0]
-    return torch.log_softmax(logits.double(), dim=-1)
+        logits = model(input_ids=torch.tensor([ids], device=next(model.parameters()).device)).logits[0]
+    return torch.log_softmax(logits.double(), dim=-1).cpu()
 
 
 # --------------------------------------------------------------------------- verdict tokens, pairwise
@@ -271,7 +273,7 @@ def test_dtype_is_in_the_name_so_fp32_and_bf16_verdicts_never_mix(tmp_path):
     assert bf16.model.get_input_embeddings().weight.dtype == torch.bfloat16 and "|bf16|" in bf16.name
     head = bf16.model.get_output_embeddings()  # float32 (Float32Head): logits not rounded to bf16's 8 bits
     assert isinstance(head, Float32Head) and head.weight.dtype == torch.float32
-    assert torch.equal(head.weight, load_causal_lm(TINY, torch.bfloat16)[0].lm_head.weight.float())  # cast exactly
+    assert torch.equal(head.weight.cpu(), load_causal_lm(TINY, torch.bfloat16)[0].lm_head.weight.float())  # cast exactly
     auto = LocalLLMJudge(TINY, "- r")
     assert auto.dtype == precision_name("auto") and next(auto.model.parameters()).dtype == generation_dtype("auto")
     fp32 = LocalLLMJudge(TINY, "- r", dtype="fp32")

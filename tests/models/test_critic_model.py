@@ -19,6 +19,8 @@ from quartet.models import (
 )
 from quartet.models.tiny import build_tiny_tokenizer
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 
 

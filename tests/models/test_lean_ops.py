@@ -13,6 +13,8 @@ from quartet.models import load_causal_lm
 from quartet.models.lean_ops import _RMSNorm, _SiluMul, apply_lean_ops
 from quartet.models.recompute import enable_activation_checkpointing
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300&seed=3"
 
 

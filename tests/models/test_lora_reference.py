@@ -11,6 +11,8 @@ from quartet.config import LoraConfig
 from quartet.errors import ModelError
 from quartet.models import adapter_disabled, apply_lora, count_parameters, load_causal_lm, make_reference
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 OTHER = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300&seed=1"
 

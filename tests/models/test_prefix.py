@@ -20,6 +20,8 @@ from quartet.models.recompute import enable_activation_checkpointing
 from quartet.models.trunk import Trunk
 from quartet.rollout.record import position_ids_from_mask
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY4 = "tiny:llama?hidden=32&layers=4&heads=4&kv_heads=2&vocab=260&seed=1"
 N = 10  # the shared tokens of `_batch`
 

@@ -10,6 +10,8 @@ import torch
 from quartet.models import load_causal_lm
 from quartet.models.recompute import enable_activation_checkpointing
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300&seed=3"
 
 

@@ -15,6 +15,8 @@ from quartet.errors import ModelError
 from quartet.models import RewardModel, ScalarHead, apply_lora, load_reward_model, save_reward_model
 from quartet.models.attention import fit_attention_to_shape
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 TEXTS = ["short one<|im_end|>", "a somewhat longer response text<|im_end|>", "mid length"]
 
@@ -158,7 +160,8 @@ def test_scorer_autocast_runs_the_matmuls_in_bf16_from_bf16_linears_and_keeps_th
     x, y = full(prompts, TEXTS), low(prompts, TEXTS)
     assert y.dtype == torch.float32 and not torch.equal(x, y)  # the bf16 matmuls ran
     assert torch.allclose(x, y, atol=0.05 * float(x.abs().max()) + 1e-3)
-    with torch.autocast("cpu", dtype=torch.bfloat16):  # what the fp32 model gives under the same autocast
+    device = next(full.reward_model.parameters()).device.type  # the GPU where there is one (Scorer places it)
+    with torch.autocast(device, dtype=torch.bfloat16):  # what the fp32 model gives under the same autocast
         expected = full.reward_model.score_texts([render_conversation(full.reward_model.tokenizer, p, t)
                                                   for p, t in zip(prompts, TEXTS)])
     torch.testing.assert_close(y, torch.as_tensor(expected, dtype=torch.float32), rtol=0, atol=1e-6)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from quartet.config import LoraConfig
 from quartet.models import apply_lora, load_causal_lm, precast_lora_base
 from quartet.models.trunk import Trunk, frozen_depth
+
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
 
 TINY4 = "tiny:llama?hidden=32&layers=4&heads=4&kv_heads=2&vocab=260&seed=1"
 

@@ -11,6 +11,8 @@ from quartet.rollout.engine import HFEngine
 from quartet.rollout.record import response_mask_from_ids
 from quartet.rollout.weights import merged_state_dict
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 TINY = "tiny:llama?hidden=32&layers=1&heads=4&vocab=260&seed=3"
 
 

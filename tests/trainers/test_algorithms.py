@@ -20,6 +20,8 @@ from quartet.config import PPOConfig, from_dict, load_config
 from quartet.errors import ConfigError
 from quartet.trainers.ppo import PRESETS, PPOTrainer
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 BETA = 0.5
 
 
@@ -38,10 +40,10 @@ def bandit_cfg(tmp_path, advantage: str, **overrides) -> PPOConfig:
 
 def _letter_table(trainer):
     tok = trainer.roles.tokenizer
-    ids = torch.tensor([trainer.experience.prompt_ids[0]])
+    ids = torch.tensor([trainer.experience.prompt_ids[0]], device=trainer.accelerator.device)
     with torch.no_grad():
-        logp = trainer.roles.actor(input_ids=ids).logits[0, -1].double().log_softmax(-1)
-        ref = trainer.roles.reference(input_ids=ids).logits[0, -1].double().log_softmax(-1)
+        logp = trainer.roles.actor(input_ids=ids).logits[0, -1].double().log_softmax(-1).cpu()
+        ref = trainer.roles.reference(input_ids=ids).logits[0, -1].double().log_softmax(-1).cpu()
     texts = [tok.decode([a], skip_special_tokens=True).strip() for a in range(logp.shape[0])]
     r = torch.tensor([1.0 if len(t) == 1 and t in string.ascii_lowercase else 0.0 for t in texts], dtype=torch.float64)
     return logp, ref, r

@@ -28,6 +28,8 @@ from quartet.errors import ConfigError
 from quartet.rollout.record import Rollout, concat
 from quartet.trainers.ppo import PPOTrainer
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 GRPO = dict(advantage="grpo", samples_per_prompt=4, critic=None, rollout_batch_size=4, kl_in_reward=False,
             kl_estimator="k3")
 BINARY = "ppo_rewards:has_digit"
@@ -166,13 +168,14 @@ def test_truncated_answers_leave_the_actors_loss(tmp_path):
     ro = trainer.experience.make(trainer.model, 1).rollout
     ro.advantages = torch.randn(ro.response_mask.shape, generator=torch.Generator().manual_seed(0)) * ro.response_mask
     ro.eos = torch.tensor([True, False, False, True] * 4)
+    ro = ro.to(trainer.accelerator.device)  # the update's device, as `_update` moves each micro-batch
     for agg in ("token-mean", "seq-mean-token-mean"):
         trainer.cfg.loss_aggregation = agg
         with torch.no_grad():
             logprobs, entropy, _ = trainer.model(ro)
         scale = kept_rows_scale(ro.response_mask, ro.eos.float(), agg)
         masked, stats = trainer._policy_loss(ro, 0.04, logprobs, entropy, scale)
-        rows = ro.eos.nonzero().flatten()
+        rows = ro.eos.nonzero().flatten().cpu()
         alone, _ = trainer._policy_loss(ro.select(rows), 0.04, logprobs[rows], entropy[rows])
         assert masked.item() == pytest.approx(alone.item(), abs=1e-6) and "policy/kl_loss" in stats
 

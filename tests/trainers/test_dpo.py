@@ -21,6 +21,8 @@ from quartet.monitor.metrics import read_metrics
 from quartet.trainers import loop
 from quartet.trainers.dpo import _add_reference_logps, _Collate, _encode, train_dpo
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def make_cfg(tmp_path, n=200, **overrides) -> DPOConfig:
     data = write_jsonl(tmp_path / "pairs.jsonl", keyword_pairs(n))

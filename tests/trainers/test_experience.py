@@ -18,6 +18,8 @@ from quartet.trainers.experience import ExperienceMaker, gather_experience, roll
 from quartet.trainers.plan import Facts, plan_forward_paths
 from quartet.trainers.ppo_roles import PolicyModel, actor_logprobs, build_roles
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def _maker(tmp_path, **fields) -> tuple[ExperienceMaker, PolicyModel]:
     """An ExperienceMaker and the policy it scores with, built as PPOTrainer builds them on one process (the
@@ -74,10 +76,11 @@ def test_old_and_reference_logprobs_are_the_forwards_over_each_micro_batch(tmp_p
     old, ref, values = torch.zeros_like(ro.old_logprobs), torch.zeros_like(ro.old_logprobs), torch.zeros_like(ro.values)
     with torch.no_grad():
         for rows, mb in ro.by_length(maker.cfg.micro_batch_size):
+            mb = mb.to(next(policy.parameters()).device)  # the models' device (the GPU where there is one)
             lp, _, v = policy(mb)
             width = lp.shape[1]
-            old[rows, :width], values[rows, :width] = lp, v
-            ref[rows, :width] = actor_logprobs(maker.roles.reference, mb, maker.roles.temperature)[0]
+            old[rows, :width], values[rows, :width] = lp.cpu(), v.cpu()
+            ref[rows, :width] = actor_logprobs(maker.roles.reference, mb, maker.roles.temperature)[0].cpu()
     mask = ro.response_mask
     assert torch.equal(ro.old_logprobs, old * mask)
     assert torch.equal(ro.values, values * mask)

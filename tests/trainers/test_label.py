@@ -14,6 +14,8 @@ from quartet.data import load_preferences, load_samples
 from quartet.errors import QuartetError
 from quartet.trainers.label import LabelCounts, label, make_pairs
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def test_best_worst_by_hand():
     counts = LabelCounts()

@@ -14,6 +14,8 @@ from quartet.data import load_samples
 from quartet.errors import QuartetError
 from quartet.trainers.label import label
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def read(path):
     return [json.loads(line) for line in path.read_text().splitlines()]

@@ -13,6 +13,8 @@ from quartet.config import DPOConfig, PPOConfig, RewardConfig, SFTConfig, from_d
 from quartet.models.card import SETTINGS, add_eval, read_card
 from quartet.monitor.metrics import read_metrics
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def front_matter(model_dir) -> dict:
     text = (model_dir / "README.md").read_text()

@@ -17,6 +17,8 @@ from quartet.errors import ConfigError
 from quartet.trainers.plan import plan_forward_paths
 from quartet.trainers.ppo import PPOTrainer
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def _params(module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in module.named_parameters()}
@@ -32,10 +34,10 @@ def _force_plan(monkeypatch, **decisions) -> None:
 def _exact_objective(trainer: PPOTrainer, beta: float) -> tuple[float, float, float]:
     """J(pi), J*, J(pi_ref) for one-token responses to the single prompt, from exact softmaxes."""
     tok = trainer.roles.tokenizer
-    ids = torch.tensor([trainer.experience.prompt_ids[0]])
+    ids = torch.tensor([trainer.experience.prompt_ids[0]], device=trainer.accelerator.device)
     with torch.no_grad():
-        logits = trainer.roles.actor(input_ids=ids).logits[0, -1].double()
-        ref_logits = trainer.roles.reference(input_ids=ids).logits[0, -1].double()
+        logits = trainer.roles.actor(input_ids=ids).logits[0, -1].double().cpu()
+        ref_logits = trainer.roles.reference(input_ids=ids).logits[0, -1].double().cpu()
     logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
     texts = [tok.decode([a], skip_special_tokens=True).strip() for a in range(logits.shape[0])]
     r = torch.tensor([1.0 if len(t) == 1 and t in string.ascii_lowercase else 0.0 for t in texts], dtype=torch.float64)

@@ -15,15 +15,17 @@ from quartet.rollout.engine import HFEngine
 from quartet.trainers import ppo
 from quartet.trainers.ppo_roles import actor_logprobs
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 class LogprobHFEngine(HFEngine):
     shift = 0.0  # added to the reported log-probs: -1.0 = the engine found every token e times less likely
 
     def generate(self, *args, **kwargs):
         ro = super().generate(*args, **kwargs)
-        with torch.no_grad():
-            lp, _, _ = actor_logprobs(self.model, ro, self.cfg.temperature)
-        ro.engine_logprobs = (lp + self.shift) * ro.response_mask
+        with torch.no_grad():  # on the model's device (the GPU where there is one); the rollout stays on the CPU
+            lp, _, _ = actor_logprobs(self.model, ro.to(next(self.model.parameters()).device), self.cfg.temperature)
+        ro.engine_logprobs = (lp.to(ro.response_mask.device) + self.shift) * ro.response_mask
         return ro
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from builders import tiny_ppo
 from quartet.trainers.ppo import PPOTrainer
+
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
 
 
 def test_off_task_reward_is_flagged_and_stop_on_ends_the_run(tmp_path):

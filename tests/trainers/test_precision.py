@@ -9,6 +9,8 @@ import torch
 from quartet.errors import ConfigError
 from quartet.trainers import loop
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 @pytest.fixture(autouse=True)
 def fresh_detection():

@@ -29,6 +29,8 @@ from quartet.trainers import checkpoint as ckpt
 from quartet.trainers import loop
 from quartet.trainers.ppo import NonFiniteWeights, PPOTrainer
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 MAIN = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
 
 

@@ -27,6 +27,8 @@ from quartet.pipeline import load_pipeline
 from quartet.trainers.loop import split_train_eval
 from quartet.trainers.reward import _Collate, _sample, _scores, _spread, bradley_terry_loss, train_reward
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def test_bradley_terry_by_hand():
     rc, rr = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0])

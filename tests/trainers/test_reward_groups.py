@@ -15,6 +15,8 @@ from quartet.config.stages import RewardConfig
 from quartet.trainers import loop, reward
 from quartet.trainers.reward import _Collate, bradley_terry_loss, group_weights, train_reward
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def test_group_batches_hold_whole_groups_and_every_row_once_per_epoch():
     sizes = [3, 1, 6, 2, 2, 5, 1, 4]  # 6 and 5 pairs: alone in a batch of at most 4, the rest packed up to 4

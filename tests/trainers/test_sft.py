@@ -15,6 +15,8 @@ from quartet.errors import QuartetError
 from quartet.models import load_causal_lm
 from quartet.trainers.sft import train_sft
 
+pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it on CUDA
+
 
 def make_cfg(tmp_path, **overrides) -> SFTConfig:
     data = write_jsonl(tmp_path / "demo.jsonl", memorise_rows())

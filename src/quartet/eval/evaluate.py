@@ -97,7 +97,7 @@ from quartet.models import load_causal_lm, load_reward_model, resolve_model
 from quartet.models.loading import check_context
 from quartet.models.names import MINILM_PACKAGE
 from quartet.models.packed import pack_linears
-from quartet.models.precision import generation_dtype
+from quartet.models.precision import compute_device, generation_dtype
 from quartet.models.trunk import Trunk
 from quartet.outputs import check_output_dir, run_stage, staged_output, write_marker
 from quartet.rollout.engine import make_engine, sample_as_is
@@ -420,7 +420,9 @@ def sequence_logprobs(
     # a PPO checkpoint whose adapters sat on the top layers shares the bottom ones with its SFT reference: their
     # output, computed once, feeds both tops (the full forwards' logits bit for bit, as `Trunk` checks)
     trunks = Trunk.shared(model, ref_model) if ref_model is not model else None
+    device = next(model.parameters()).device
     for rows, mb in ro.by_length(batch_size):  # each chunk cut to its longest row: forwards cost the tokens sampled
+        mb = mb.to(device)
         r = mb.response_ids.shape[1]
         if trunks is not None:
             mask = mb.attention_mask
@@ -431,9 +433,9 @@ def sequence_logprobs(
             logits = response_logits(model, mb)[0].float() / temp
             ref_logits = logits if ref_model is model else response_logits(ref_model, mb)[0].float() / temp
         logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
-        out[0, rows, :r] = gather_logprobs(logits, mb.response_ids)
-        out[1, rows, :r] = gather_logprobs(ref_logits, mb.response_ids)
-        out[2, rows, :r] = (logp.exp() * (logp - ref_logp)).sum(-1)
+        out[0, rows, :r] = gather_logprobs(logits, mb.response_ids).cpu()
+        out[1, rows, :r] = gather_logprobs(ref_logits, mb.response_ids).cpu()
+        out[2, rows, :r] = (logp.exp() * (logp - ref_logp)).sum(-1).cpu()
     mask = response_mask.float()
     return out[0] * mask, out[1] * mask, out[2] * mask
 
@@ -740,7 +742,7 @@ def _one_line(text) -> str:
 # --------------------------------------------------------------------------- loading
 def _load(name: str):
     model, tok = load_causal_lm(name, dtype=torch.float32)
-    model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False).to(compute_device())
     return model, tok
 
 
@@ -750,7 +752,7 @@ def _load_gold(spec: str, timeout: float | None):
 
 def _load_rm(name: str):
     rm = load_reward_model(name, dtype=torch.float32, trained=True)
-    rm.eval().requires_grad_(False)
+    rm.eval().requires_grad_(False).to(compute_device())
     return rm
 
 

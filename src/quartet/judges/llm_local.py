@@ -44,7 +44,7 @@ from quartet.errors import ConfigError, ModelError
 from quartet.judges.pairwise import PROMPT_VERSION, judge_messages
 from quartet.models.loading import context_length, load_causal_lm
 from quartet.models.names import resolve_model
-from quartet.models.precision import generation_dtype, precision_name
+from quartet.models.precision import compute_device, generation_dtype, precision_name
 
 CUT = "[...]"
 """marks where a cut part's text was left out, so the judge does not read a cut answer as one that stops there"""
@@ -73,8 +73,7 @@ class LocalLLMJudge:
         head = self.model.get_output_embeddings()
         if type(head) is nn.Linear and head.weight.dtype != torch.float32:
             self.model.set_output_embeddings(Float32Head(head))
-        if torch.cuda.is_available():
-            self.model.to("cuda")
+        self.model.to(compute_device())
         self.device = next(self.model.parameters()).device
         tok = self.tokenizer
         self.templated = bool(getattr(tok, "chat_template", None))

@@ -78,8 +78,8 @@ def merged_copy(model) -> nn.Module:
     for module in model.modules():
         for name in ("weight", "bias"):
             full = getattr(module, f"_quartet_full_{name}", None)
-            if full is not None:
-                getattr(module, name).data = full
+            if full is not None:  # a plain attribute: it stayed where the model was precast
+                getattr(module, name).data = full.to(getattr(module, name).device)
                 delattr(module, f"_quartet_full_{name}")
     return model.merge_and_unload()
 
@@ -113,5 +113,7 @@ def precast_lora_base(model, dtype: torch.dtype) -> None:
 
 
 def full_weight(layer: nn.Module):
-    """A linear layer's weight in full precision: the original `precast_lora_base` kept, or the weight itself."""
-    return getattr(layer, "_quartet_full_weight", layer.weight)
+    """A linear layer's weight in full precision: the original `precast_lora_base` kept (on the device the layer
+    computes on: a plain attribute stays where the model was precast), or the weight itself."""
+    full = getattr(layer, "_quartet_full_weight", None)
+    return layer.weight if full is None else full.to(layer.weight.device)

@@ -1,4 +1,5 @@
-"""Which precision a model computes in on this hardware: bf16 autocast where it is native, fp32 elsewhere.
+"""Where a model computes and in which precision: the GPU when there is one, with bf16 autocast where it is native
+(GPU or CPU), fp32 elsewhere.
 
 Every stage reads it: the trainers' autocast (`mixed_precision`), the dtype of a sampling copy (`generation_dtype`:
 the engines', `quartet eval`'s), the precision a run reports (`precision_name`).
@@ -32,9 +33,33 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+DEVICE = "QUARTET_DEVICE"
+
+
+@functools.cache
+def compute_device() -> torch.device:
+    """Where every stage computes: the GPU when one is visible (each process of a multi-GPU launch its own, as
+    accelerate assigns it), else the CPU. QUARTET_DEVICE=cpu keeps a run on the CPU of a GPU machine; =cuda
+    refuses to start without a GPU; auto (or unset) is the rule above."""
+    choice = os.environ.get(DEVICE, "auto")
+    if choice not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"{DEVICE}: must be auto, cpu or cuda, got {choice!r}")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{DEVICE}=cuda, but torch sees no GPU (torch {torch.__version__}, "
+                          f"built for CUDA {torch.version.cuda or 'none'})")
+    if choice == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", local % torch.cuda.device_count())
+
+
+def on_gpu() -> bool:
+    return compute_device().type == "cuda"
+
+
 def mixed_precision(precision: str) -> str:
     """Config precision -> accelerate's `mixed_precision` ("bf16", "fp16" or "no")."""
-    cuda = torch.cuda.is_available()
+    cuda = on_gpu()
     if precision == "fp32":
         return "no"
     if precision == "auto":

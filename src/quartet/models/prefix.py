@@ -53,7 +53,7 @@ def shared_prefix_length(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) ->
     if limit < MIN_SHARED_TOKENS:
         return 0
     # each row's first `limit` real tokens, aligned at its first real column
-    cols = pads[:, None] + torch.arange(limit)[None, :]
+    cols = pads[:, None] + torch.arange(limit, device=pads.device)[None, :]
     real = prompt_ids.gather(1, cols)
     same = (real == real[:1]).all(0)
     n = int(limit if bool(same.all()) else same.long().argmin())

@@ -94,6 +94,7 @@ class HFEngine:
     def _private_copy(self, actor: torch.nn.Module) -> torch.nn.Module:
         with no_init():
             model = transformers.AutoModelForCausalLM.from_config(base_config(actor), dtype=self.dtype)
+        model.to(next(actor.parameters()).device)  # it samples where the actor computes
         contiguous_head_input(model)
         fit_attention_to_shape(model)  # eager for the short sequences RLHF samples: see models/attention.py
         model.eval().requires_grad_(False)
@@ -153,6 +154,9 @@ class HFEngine:
 
     def _generate(self, prompt_ids, prompt_mask, seed, num_samples, greedy, sample_offset, seeds) -> Rollout:
         seeds = row_seeds(seed, sample_offset, prompt_ids.shape[0] * num_samples, seeds)
+        home = prompt_ids.device  # the rollout goes back to the caller's device; the model's computes it
+        device = next(self.model.parameters()).device
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         chunks = []
         per_call = max(1, self.cfg.batch_size // num_samples)  # prompts per generate call
         for start in range(0, prompt_ids.shape[0], per_call):
@@ -173,7 +177,7 @@ class HFEngine:
         ro = make_rollout(prompt_ids, prompt_mask, joined(0, self.tokenizer.pad_token_id), self.tokenizer, num_samples)
         if chunks[0][1] is not None:
             ro.engine_logprobs, ro.engine_entropy = joined(1, 0.0) * ro.response_mask, joined(2, 0.0) * ro.response_mask
-        return ro
+        return ro.to(home)
 
     def _decode(self, ids: torch.Tensor, mask: torch.Tensor, cache, processors):
         """(b, R) new tokens for left-padded prompts `ids` (b, P), pad after each row's EOS; and, when sampling
@@ -187,15 +191,17 @@ class HFEngine:
         processed in float32, as `generate` does; `processors` None takes the argmax (greedy)."""
         b, R = ids.shape[0], self.cfg.max_new_tokens
         eos = self.generation_config.eos_token_id  # None: answers run to max_new_tokens (benchmarks)
-        eos = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos), dtype=torch.long)
-        out = torch.full((b, R), self.tokenizer.pad_token_id, dtype=torch.long)
-        rows = torch.arange(b)  # the output row of each row still in the batch
+        device = ids.device
+        eos = torch.tensor([] if eos is None else [eos] if isinstance(eos, int) else list(eos), dtype=torch.long,
+                           device=device)
+        out = torch.full((b, R), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
+        rows = torch.arange(b, device=device)  # the output row of each row still in the batch
         pos = position_ids_from_mask(mask)
         feed, pos = (ids, pos) if cache is None else (ids[:, -1:], pos[:, -1:])
         sampler = processors[-1] if processors is not None else None
         record = self.record_logprobs and processors is not None
-        logprobs = torch.zeros(b, R) if record else None
-        entropy = torch.zeros(b, R) if record else None
+        logprobs = torch.zeros(b, R, device=device) if record else None
+        entropy = torch.zeros(b, R, device=device) if record else None
         steps = 0
         for t in range(R):
             step = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, **{cache_kwarg(self.model): cache},

@@ -8,6 +8,7 @@ response_mask is 1.0 on real response tokens, the EOS token included, and 0.0 on
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
@@ -68,6 +69,14 @@ class Rollout:
             else:
                 out[f.name] = value
         return Rollout(**out)
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """The same rollout with every tensor on `device` (itself where they all are already)."""
+        device = torch.device(device)
+        tensors = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        if all(t.device == device for t in tensors.values()):
+            return self
+        return dataclasses.replace(self, **{k: t.to(device) for k, t in tensors.items()})
 
     def real_span(self) -> tuple[int, int]:
         """(first prompt column that is not padding in every row, number of response columns that are not padding

@@ -17,6 +17,7 @@ from quartet.data import prompt_text, render_conversation
 from quartet.errors import ConfigError
 from quartet.judges.bounded import JUDGE_TIMEOUT
 from quartet.models import load_reward_model, precast_linears
+from quartet.models.precision import compute_device
 from quartet.models.reward import check_trained_reward_model
 from quartet.rollout.rewards import load_reward_fn
 
@@ -65,7 +66,7 @@ class Scorer:
         self.fn = None
         if is_reward_model_spec(spec):
             self.reward_model = load_reward_model(spec, dtype=dtype, trained=True)
-            self.reward_model.eval().requires_grad_(False)
+            self.reward_model.eval().requires_grad_(False).to(compute_device())
             if autocast is not None:  # it only runs under that autocast
                 precast_linears(self.reward_model.model, autocast)
         else:

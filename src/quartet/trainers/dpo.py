@@ -261,9 +261,10 @@ def _add_reference_logps(pairs: list[_Pair], reference, policy, collate, batch_s
     """One no-grad pass: each pair's ref_chosen / ref_rejected under the reference (the starting policy when
     no separate reference is kept), in the same autocast as training so step 0 has implicit rewards of 0."""
     policy.eval()
+    device = next(policy.parameters()).device
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        batch = {k: v.to(accelerator.device) for k, v in collate(chunk).items()}
+        batch = {k: v.to(device) for k, v in collate(chunk).items()}
         with accelerator.autocast():
             if reference is not None:
                 logits = reference.logits(batch["input_ids"], batch["attention_mask"])

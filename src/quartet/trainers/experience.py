@@ -245,12 +245,12 @@ class ExperienceMaker:
         outs: list[torch.Tensor | None] = [None, None, None]
         for rows, mb in ro.by_length(self.cfg.micro_batch_size):
             with self.accelerator.autocast():
-                part = forward(mb)
+                part = forward(mb.to(self.accelerator.device))  # the models' device; the rollout stays where it is
             for i, x in enumerate(part):
                 if x is not None:
                     if outs[i] is None:
-                        outs[i] = torch.zeros(B, R, dtype=x.dtype)
-                    outs[i][rows, : x.shape[1]] = x
+                        outs[i] = torch.zeros(B, R, dtype=x.dtype, device=ro.response_mask.device)
+                    outs[i][rows, : x.shape[1]] = x.to(outs[i].device)
         mask = ro.response_mask
         return [None if x is None else x * mask for x in outs]
 
@@ -264,6 +264,7 @@ class ExperienceMaker:
         P = ro.prompt_ids.shape[1]
         out = None
         for rows, mb in ro.by_length(self.cfg.micro_batch_size):
+            mb = mb.to(self.accelerator.device)
             ids, mask = mb.input_ids, mb.attention_mask
             with self.accelerator.autocast():
                 states = trunk.states(ids, mask, position_ids_from_mask(mask))
@@ -306,8 +307,9 @@ def gather_experience(accelerator, ro: Rollout, pad_id: int, *per_row):
     def cat(x, pad_first=False, value=0):
         if x is None:
             return None
+        home, x = x.device, x.to(accelerator.device)  # NCCL gathers GPU tensors; the rows go back where they were
         x = accelerator.pad_across_processes(x.contiguous(), dim=1, pad_index=value, pad_first=pad_first) if x.dim() > 1 else x
-        return accelerator.gather(x.contiguous())
+        return accelerator.gather(x.contiguous()).to(home)
 
     pad = pad_id
     out = Rollout(

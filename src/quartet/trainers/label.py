@@ -144,6 +144,7 @@ def _label(cfg: LabelConfig, output: Path) -> LabelResult:
     # reward model (any tokenizer) or reward function; none: people judge the answers later (`quartet annotate`)
     judge = None if cfg.judge == NO_JUDGE else _judge(cfg)
     model, tok = load_causal_lm(cfg.policy, torch.float32)
+    model.to(loop.compute_device())
     encoded = encode_prompts(tok, examples, cfg.prompts.max_prompt_tokens, cfg.prompts.truncation,
                              cfg.prompts.chat_template, where=cfg.prompts.path)
     check_context(model, encoded.input_ids, cfg.generation.max_new_tokens, f"label.policy '{cfg.policy}'",

@@ -30,9 +30,11 @@ from quartet.allocator import retain_freed_memory
 from quartet.config import OptimConfig
 from quartet.errors import ConfigError, DataError
 from quartet.models.precision import (  # noqa: F401 (the trainers call them as loop.*; eval needs them too)
+    compute_device,
     cpu_has_bf16,
     generation_dtype,
     mixed_precision,
+    on_gpu,
     precision_name,
 )
 from quartet.outputs import staged_output
@@ -60,9 +62,9 @@ def make_accelerator(precision: str, grad_accum: int) -> Accelerator:
         # the process group is made once, by the first state of the process: made here, it takes the timeout as
         # given (accelerate's InitProcessGroupKwargs drops a value equal to its NCCL default of 600 s, leaving gloo's
         # 1800)
-        PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
+        PartialState(cpu=not on_gpu(), timeout=timeout)
     return Accelerator(mixed_precision=mixed_precision(precision), gradient_accumulation_steps=grad_accum,
-                       cpu=not torch.cuda.is_available())
+                       cpu=not on_gpu())
 
 
 DIST_TIMEOUT = "QUARTET_DIST_TIMEOUT"

@@ -374,7 +374,7 @@ class PPOTrainer:
             stepped_all = True
             for part, indices in parts:
                 for k, idx in enumerate(micro):
-                    mb = ro.select(idx).trimmed(span)
+                    mb = ro.select(idx).trimmed(span).to(self.accelerator.device)
                     share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
                         loss, stats = self._loss(mb, beta, part, kept_scale)
@@ -383,7 +383,7 @@ class PPOTrainer:
                         # peak (SmolLM2 LoRA + shared head, the demo's PPO, measured on the CPU)
                         del loss
                     for name, value in stats.items():
-                        sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64) * float(share)
+                        sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64).cpu() * float(share)
                 if iteration <= cfg.critic_warmup and part != "critic":  # the actor's gradients go unused
                     for param in self.optimizer.param_groups[0]["params"]:
                         param.grad = None
@@ -397,7 +397,7 @@ class PPOTrainer:
         names = sorted(sums)
         values = torch.stack([sums[n] for n in names])
         if world > 1:  # each process saw its own rows: the minibatch statistics are sums over all of them
-            values = self.accelerator.reduce(values, "sum")
+            values = self.accelerator.reduce(values.to(self.accelerator.device), "sum").cpu()
         stats = {n: float(v) / len(minibatches) for n, v in zip(names, values)}
         norms = norms / len(minibatches)
         out = {**stats, "optim/grad_norm": float(norms.square().sum().sqrt()), "optim/skipped_steps": skipped,

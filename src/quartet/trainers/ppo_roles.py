@@ -45,7 +45,7 @@ from quartet.rollout.forward import response_logprobs as actor_logprobs  # the f
 from quartet.rollout.forward import shared_prefix
 from quartet.rollout.record import Rollout, position_ids_from_mask
 from quartet.rollout.scoring import RewardSum, Scorer, is_reward_model_spec
-from quartet.trainers.loop import generation_dtype
+from quartet.trainers.loop import compute_device, generation_dtype
 
 
 class PolicyModel(nn.Module):
@@ -149,6 +149,9 @@ def build_roles(cfg: PPOConfig, needs_critic: bool, sharded: bool = False) -> Ro
     critic = None
     if needs_critic:
         critic = value_head_for(actor) if cfg.critic == "shared" else _build_critic(cfg, tok)
+    for model in (actor, reference, critic):  # the reward models: Scorer places its own
+        if model is not None:
+            model.to(compute_device())
     return Roles(actor, critic, critic is not None and cfg.critic == "shared", float(cfg.generation.temperature), tok,
                  reference, scorer, gold, monitors)
 

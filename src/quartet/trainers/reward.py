@@ -212,7 +212,8 @@ def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator
         last = events.step(step) or step >= total
         if step % cfg.log_every == 0 or last:
             # means over this window's micro-batches, then over processes (equal batch sizes: the global means)
-            local = torch.tensor([statistics.fmean(col) for col in zip(*window)], dtype=torch.float64)
+            local = torch.tensor([statistics.fmean(col) for col in zip(*window)], dtype=torch.float64,
+                                 device=accelerator.device)
             if accelerator.num_processes > 1:
                 local = accelerator.reduce(local, "mean")
             train_loss, acc, margin = local.tolist()
@@ -256,7 +257,8 @@ def _scores(rm, batch, chunk_rows: int | None = None):
     forward over the batch). Right padding ends every row, so a cut loses nothing but padding; one loss and one
     backward over all the chunks then give the batch's gradient.
     """
-    ids, mask = batch["input_ids"], batch["attention_mask"]
+    device = next(rm.parameters()).device  # a held-out loader is not prepared: its batches come on the CPU
+    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     chunk_rows = chunk_rows or CHUNK_ROWS
     lengths = mask.sum(1)
     order = torch.argsort(lengths, stable=True)
@@ -357,6 +359,7 @@ def _policy_prompt_ids(cfg: RewardConfig, model, tok, prompts: list) -> list[lis
 
 def _sample(cfg: RewardConfig, prompts: list) -> list[str]:
     model, tok = load_causal_lm(cfg.normalize_policy, torch.float32)
+    model.to(loop.compute_device())
     prompt_ids = _policy_prompt_ids(cfg, model, tok, prompts)
     engine = make_engine(model, tok, cfg.normalize_generation, loop.generation_dtype(cfg.precision))
     del model
@@ -370,7 +373,8 @@ def _raw_scores(rm, ids: list[list[int]], pad_id: int, batch_size: int) -> torch
     out = []
     for start in range(0, len(ids), batch_size):
         input_ids, mask = right_pad(ids[start : start + batch_size], pad_id)
-        out.append(rm.raw_scores(input_ids, mask).float())
+        device = next(rm.parameters()).device
+        out.append(rm.raw_scores(input_ids.to(device), mask.to(device)).float().cpu())
     return torch.cat(out)
 
 

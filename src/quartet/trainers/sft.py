@@ -156,7 +156,7 @@ def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelera
     computes, however the tokens fall. Only the last micro-batch of a step all-reduces.
     """
     step, final, shown = 0, float("nan"), {}
-    window = torch.zeros(2, dtype=torch.float64)  # (loss x tokens, tokens) since the last log line
+    window = torch.zeros(2, dtype=torch.float64, device=accelerator.device)  # (loss x tokens, tokens) since the last log line
     train_loss = float("nan")
     world = accelerator.num_processes
     bar = Progress(total, "sft", keys={"sft/loss": "loss", "sft/eval_loss": "eval_loss"}, every=cfg.log_every)
@@ -178,7 +178,7 @@ def _train(cfg, model, optimizer, scheduler, train_loader, eval_loader, accelera
         if step % cfg.log_every == 0 or last:
             total_loss, total_tokens = _reduce(accelerator, window).tolist()
             train_loss = total_loss / max(total_tokens, 1)
-            window = torch.zeros(2, dtype=torch.float64)
+            window = torch.zeros(2, dtype=torch.float64, device=accelerator.device)
             logs = {
                 "sft/loss": train_loss,
                 "optim/lr": scheduler.get_last_lr()[0],
@@ -217,6 +217,7 @@ def _evaluate(model, loader, accelerator) -> float:
     model.eval()
     total, tokens = 0.0, 0
     for batch in loader:
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}  # the held-out loader is not prepared
         n = (batch["labels"][:, 1:] != IGNORE_INDEX).sum().item()
         out = model(**batch)
         total += out.loss.item() * n
