@@ -348,6 +348,7 @@ class PPOTrainer:
         backward per forward, both go in one backward and one step.
         """
         cfg, world, rank = self.cfg, self.accelerator.num_processes, self.accelerator.process_index
+        device = self.accelerator.device  # each micro-batch goes there; the rollout stays on the CPU
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, iteration, 2))
         size = cfg.minibatch_size * world
         minibatches = [order[i : i + size]
@@ -374,16 +375,19 @@ class PPOTrainer:
             stepped_all = True
             for part, indices in parts:
                 for k, idx in enumerate(micro):
-                    mb = ro.select(idx).trimmed(span).to(self.accelerator.device)
+                    mb = ro.select(idx).trimmed(span)
+                    # on the rollout's device (the CPU): a GPU value read here would wait for the queued kernels
                     share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
+                    mb = mb.to(device)
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
                         loss, stats = self._loss(mb, beta, part, kept_scale)
                         self.accelerator.backward(loss * share * world)
                         # not held through the next micro-batch's forward: it kept 70-105 MB more at the update's
                         # peak (SmolLM2 LoRA + shared head, the demo's PPO, measured on the CPU)
                         del loss
-                    for name, value in stats.items():
-                        sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64).cpu() * float(share)
+                    for name, value in stats.items():  # summed where they were computed, read once at the end
+                        sums[name] = sums.get(name, 0.0) + torch.as_tensor(value, dtype=torch.float64, device=device) \
+                            * float(share)
                 if iteration <= cfg.critic_warmup and part != "critic":  # the actor's gradients go unused
                     for param in self.optimizer.param_groups[0]["params"]:
                         param.grad = None
@@ -397,7 +401,8 @@ class PPOTrainer:
         names = sorted(sums)
         values = torch.stack([sums[n] for n in names])
         if world > 1:  # each process saw its own rows: the minibatch statistics are sums over all of them
-            values = self.accelerator.reduce(values.to(self.accelerator.device), "sum").cpu()
+            values = self.accelerator.reduce(values, "sum")
+        values = values.cpu()
         stats = {n: float(v) / len(minibatches) for n, v in zip(names, values)}
         norms = norms / len(minibatches)
         out = {**stats, "optim/grad_norm": float(norms.square().sum().sqrt()), "optim/skipped_steps": skipped,
