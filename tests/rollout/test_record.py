@@ -51,3 +51,14 @@ def test_trunk_states_are_cut_with_the_tokens_they_belong_to():
             assert cut.trunk.shape[:2] == cut.input_ids.shape
             assert torch.equal(cut.trunk[:, :, 0], cut.input_ids.float())
             assert torch.equal(cut.trunk[:, :, 1], cut.input_ids.float())
+
+
+def test_to_moves_every_tensor_and_keeps_the_texts():
+    ro = _rollout()
+    ro.prompts, ro.responses = ["p"] * 4, ["r"] * 4
+    assert ro.to("cpu") is ro  # already there: no copy
+    meta = ro.to("meta")  # a second device, on any machine
+    tensors = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "eos", "advantages")
+    assert all(getattr(meta, name).device.type == "meta" for name in tensors)
+    assert meta.old_logprobs is None and meta.prompts == ro.prompts and meta.responses == ro.responses
+    assert all(getattr(ro, name).device.type == "cpu" for name in tensors)  # the original is left as it was

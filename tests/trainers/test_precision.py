@@ -15,8 +15,10 @@ pytestmark = pytest.mark.gpu  # device-sensitive: scripts/gpu_check.sh runs it o
 @pytest.fixture(autouse=True)
 def fresh_detection():
     loop.cpu_has_bf16.cache_clear()
+    loop.compute_device.cache_clear()
     yield
     loop.cpu_has_bf16.cache_clear()
+    loop.compute_device.cache_clear()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto on a GPU follows the GPU")
@@ -38,3 +40,25 @@ def test_a_bad_override_is_one_config_error(monkeypatch):
     monkeypatch.setenv("QUARTET_CPU_BF16", "yes")
     with pytest.raises(ConfigError, match="QUARTET_CPU_BF16: must be 0 or 1, got 'yes'"):
         loop.cpu_has_bf16()
+
+
+def test_the_device_is_the_gpu_when_torch_sees_one_and_quartet_device_keeps_a_run_on_the_cpu(monkeypatch):
+    monkeypatch.delenv("QUARTET_DEVICE", raising=False)
+    assert loop.compute_device().type == ("cuda" if torch.cuda.is_available() else "cpu")
+    loop.compute_device.cache_clear()
+    monkeypatch.setenv("QUARTET_DEVICE", "cpu")
+    monkeypatch.setenv("QUARTET_CPU_BF16", "0")
+    assert loop.compute_device() == torch.device("cpu") and not loop.on_gpu()
+    assert loop.mixed_precision("auto") == "no"  # auto follows the device the run is kept on, not the GPU
+    assert loop.make_accelerator("fp32", 1).device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("value, message", [
+    ("gpu", "QUARTET_DEVICE: must be auto, cpu or cuda, got 'gpu'"),
+    pytest.param("cuda", "QUARTET_DEVICE=cuda, but torch sees no GPU", marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is there")),
+])
+def test_a_bad_or_impossible_device_is_one_config_error(monkeypatch, value, message):
+    monkeypatch.setenv("QUARTET_DEVICE", value)
+    with pytest.raises(ConfigError, match=message):
+        loop.compute_device()
