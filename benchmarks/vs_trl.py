@@ -118,7 +118,9 @@ def rss_mb() -> float:
 
 
 def on_cuda() -> bool:
-    """The sides run on the GPU: torch sees one and QUARTET_DEVICE does not say cpu (Quartet's own rule)."""
+    """The sides run on the GPU: torch sees one and QUARTET_DEVICE does not say cpu. Quartet's rule
+    (`quartet.models.precision.compute_device`), restated: TRL's side may run in .venv-trl, which lacks what
+    `quartet.models` imports (gguf: not among TRL_PINS)."""
     import torch
 
     return os.environ.get("QUARTET_DEVICE", "auto") != "cpu" and torch.cuda.is_available()
