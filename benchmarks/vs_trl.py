@@ -52,6 +52,7 @@ to its peak RSS. TRL's "other" is its gc.collect() and empty_cache() calls (the 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -289,7 +290,7 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
     cfg = from_dict(PPOConfig, {
         "policy": meta["policy"], "reward": meta["reward"],
         "prompts": {"path": meta["prompts"], "max_prompt_tokens": MAX_PROMPT},
-        "output_dir": str(out / "ppo"), "iterations": args.iterations + 1,
+        "output_dir": str(out / "ppo"), "iterations": args.iterations + 1 + bool(args.profile),
         "rollout_batch_size": BATCH, "minibatch_size": BATCH, "micro_batch_size": spec.get("micro_batch_size", BATCH),
         "ppo_epochs": EPOCHS, "share_prompt_prefix": spec.get("share_prompt_prefix", True),
         "generation": {"max_new_tokens": NEW_TOKENS, "batch_size": BATCH, "temperature": 1.0},
@@ -303,7 +304,7 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
     trainer.experience.engine.generation_config.eos_token_id = None  # every response is 32 tokens
     emit({"ready": True, "precision": trainer.accelerator.mixed_precision or "no", **device_stats(),
           "huge_pages": huge_page_tensors()})
-    for it in range(1, cfg.iterations + 1):
+    for it in range(1, args.iterations + 2):
         wait_go()
         t = clock()
         m = trainer.step(it).metrics
@@ -315,7 +316,65 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
               "reference": m["timing/reference"], "update": m["timing/update"],
               "other": total - m["timing/generate"] - scoring - m["timing/update"],
               "tokens": tokens, **device_stats(), "kl": m["objective/kl"], "score_mean": m["objective/score"]})
+    if args.profile:  # one more iteration, after the timed ones, under torch.profiler
+        profile_step(trainer, args.iterations + 2, Path(args.profile), args.child)
     shutil.rmtree(out, ignore_errors=True)
+
+
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+"""runtime calls that make the host wait for the GPU (cudaMemcpy: the blocking copy; cudaMemcpyAsync is counted
+apart: from pageable memory, or followed by a stream synchronization when torch's copy is blocking)"""
+
+
+def profile_step(trainer, iteration: int, folder: Path, side: str) -> None:
+    """One step under torch.profiler (CPU, and CUDA on a GPU), with the update and the experience marked:
+    writes `folder/<side>.txt` (the operators by device time and by host time) and `folder/<side>.json` (the
+    update's wall time, the GPU's busy time inside it, its kernel launches, host waits, copies and scalar reads)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    def marked(fn, name):
+        def wrapper(*a, **k):
+            with record_function(name):
+                return fn(*a, **k)
+        return wrapper
+
+    trainer._update = marked(trainer._update, "quartet::update")
+    trainer.experience.make = marked(trainer.experience.make, "quartet::experience")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if _sync is not None else [])
+    with profile(activities=activities) as prof:
+        trainer.step(iteration)
+        clock()
+    events = prof.events()
+    out = {}
+    for phase in ("update", "experience"):
+        marks = [e for e in events if e.name == f"quartet::{phase}"]
+        if not marks:
+            continue
+        lo, hi = marks[0].time_range.start, marks[0].time_range.end
+        inside = [e for e in events if lo <= e.time_range.start <= hi]
+        host = [e for e in inside if e.device_type == torch.autograd.DeviceType.CPU]
+        kernels = [e for e in inside if e.device_type != torch.autograd.DeviceType.CPU]
+        names = collections.Counter(e.name for e in host)
+        count = lambda wanted, names=names: sum(names[n] for n in wanted)  # noqa: E731
+        out[phase] = {"wall_s": (hi - lo) / 1e6, "device_busy_s": sum(e.time_range.elapsed_us() for e in kernels) / 1e6,
+                      "kernels": len(kernels), "launches": count(("cudaLaunchKernel", "cudaLaunchKernelExC")),
+                      "host_waits": count(SYNCS), "async_copies": count(("cudaMemcpyAsync",)),
+                      "scalar_reads": count(("aten::_local_scalar_dense",)),
+                      "aten_ops": sum(v for n, v in names.items() if n.startswith("aten::"))}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{side}.json").write_text(json.dumps(out, indent=1))
+    table = prof.key_averages()
+    sections = [("host time", "self_cpu_time_total")]
+    if _sync is not None:
+        sections.insert(0, ("device time", "self_device_time_total"))
+    with open(folder / f"{side}.txt", "w") as f:
+        for title, key in sections:
+            try:  # the counts above are written already: a table torch cannot sort does not fail the side
+                text = table.table(sort_by=key, row_limit=30, max_name_column_width=60)
+            except Exception as e:  # noqa: BLE001
+                text = f"(no table: {type(e).__name__}: {e})"
+            f.write(f"== {side}: operators by {title}\n{text}\n")
 
 
 class _SyncedTime:
@@ -498,6 +557,9 @@ def main() -> None:
     p.add_argument("--trl-python", default="", help="run TRL's sides with this interpreter (with this environment, "
                    "PYTHONPATH included) instead of --trl-venv; `current`: this one")
     p.add_argument("--json", default="", help="also write the results here")
+    p.add_argument("--profile", default="", help="after the timed iterations, run one more of each Quartet side "
+                   "under torch.profiler and write its operator tables and update/experience counts (kernels, "
+                   "launches, host waits, copies) into this folder")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     sys.path.insert(0, str(ROOT / "src"))  # this repo's Quartet, in this process as in the sides (PYTHONPATH below)
@@ -555,10 +617,12 @@ def main() -> None:
         for group in groups:
             results.update(_run_group(group, args, env, trl_env, trl_py, work))
         rows = _report(results, meta, rates)
+        profiles = _report_profiles(Path(args.profile), [s for s in sides if not SIDES[s].get("trl")]) \
+            if args.profile else {}
         if args.json:
             Path(args.json).write_text(json.dumps({"rates": rates, "meta": {k: v for k, v in meta.items()
                                                                             if k != "prompt_ids"},
-                                                   "rows": rows, "raw": results}, indent=1))
+                                                   "rows": rows, "profile": profiles, "raw": results}, indent=1))
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -581,6 +645,8 @@ def _run_group(group, args, env, trl_env, trl_py, work: Path) -> dict:
         trl = SIDES[side].get("trl")
         cmd = [trl_py if trl else sys.executable, str(Path(__file__).resolve()), "--child", side, "--work", str(work),
                "--iterations", str(args.iterations), "--threads", str(args.threads)]
+        if args.profile and not trl:
+            cmd += ["--profile", str(Path(args.profile).resolve())]
         logs[side] = open(work / f"{side}.log", "w")
         procs[side] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=logs[side],
                                        text=True, env=trl_env if trl else env, cwd=str(ROOT))
@@ -671,6 +737,26 @@ def _report(results: dict, meta: dict, rates: dict) -> list[dict]:
             print(f"{side} scoring split: reward model {parts['score']:.2f} s, old log-probs + values "
                   f"{parts['old_logprob_value']:.2f} s, reference {parts['reference']:.2f} s")
     return rows
+
+
+def _report_profiles(folder: Path, sides: list[str]) -> dict:
+    """Print the profiled iteration's counts per Quartet side (profile_step's files in `folder`); returns them."""
+    found = {}
+    print(f"\nprofiled iteration (torch.profiler; tables in {folder}):")
+    print("| run | phase | wall s | device busy s | kernels | launches | host waits | async copies | scalar reads "
+          "| aten ops |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for side in sides:
+        path = folder / f"{side}.json"
+        if not path.exists():
+            print(f"| {side} | (no profile) | | | | | | | | |")
+            continue
+        found[side] = json.loads(path.read_text())
+        for phase, c in found[side].items():
+            print(f"| {side} | {phase} | {c['wall_s']:.3f} | {c['device_busy_s']:.3f} | {c['kernels']} | "
+                  f"{c['launches']} | {c['host_waits']} | {c['async_copies']} | {c['scalar_reads']} | "
+                  f"{c['aten_ops']} |")
+    return found
 
 
 def _cpu() -> str:

@@ -224,8 +224,22 @@ def summary(out: Path) -> dict:
                             if ans else "") + ("" if e["ok"] else f"; FAIL: {'; '.join(e['failures'][:3])}"))
     v = doc.get("vs_trl")
     if v:
-        lines += ["", "## PPO, SmolLM2-135M-shaped (random weights), 16 prompts x 32 tokens, 4 epochs",
-                  "```", json.dumps(v, indent=1)[:6000], "```"]
+        lines += ["", "## PPO, SmolLM2-135M-shaped (random weights), 16 prompts x 32 tokens, 4 epochs", "",
+                  "| side | precision | s / iteration | generate | scoring | update | peak GPU GB | rollout tokens/s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in v.get("rows", []):
+            gpu = "-" if r.get("peak_gpu_mb") is None else f"{r['peak_gpu_mb'] / 1024:.2f}"
+            lines.append(f"| {r['side']} | {r['precision']} | {r['total']:.3f} | {r['generate']:.3f} | "
+                         f"{r['scoring']:.3f} | {r['update']:.3f} | {gpu} | {r['tokens_per_s']:.0f} |")
+        if v.get("profile"):
+            lines += ["", "One more iteration per Quartet side under torch.profiler (host waits: cudaStreamSynchronize "
+                      "and kin; scalar reads: values read back to the host):", "",
+                      "| side | phase | wall s | device busy s | kernels | launches | host waits | async copies | "
+                      "scalar reads |", "|---|---|---|---|---|---|---|---|---|"]
+            for side, phases in v["profile"].items():
+                for phase, c in phases.items():
+                    lines.append(f"| {side} | {phase} | {c['wall_s']:.3f} | {c['device_busy_s']:.3f} | {c['kernels']} | "
+                                 f"{c['launches']} | {c['host_waits']} | {c['async_copies']} | {c['scalar_reads']} |")
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
     return doc
 

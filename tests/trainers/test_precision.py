@@ -19,6 +19,12 @@ def fresh_detection():
     yield
     loop.cpu_has_bf16.cache_clear()
     loop.compute_device.cache_clear()
+    # accelerate's process-wide state keeps the device of its first Accelerator (make_accelerator resets only the
+    # mixed-precision part): one made here under QUARTET_DEVICE=cpu would put the next tests' trainers in this
+    # process on the CPU while their other models go to the GPU (found on an H200: a later PPO run mixed devices)
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto on a GPU follows the GPU")

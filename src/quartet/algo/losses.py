@@ -177,6 +177,5 @@ def clipped_value_loss(
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """1 - Var[R - V] / Var[R] over real tokens: 1 is a perfect critic, 0 predicts the mean, < 0 worse."""
     var_r = masked_var(returns, mask, unbiased=False)
-    if var_r <= 1e-12:
-        return torch.zeros((), dtype=values.dtype)
-    return 1.0 - masked_var(returns - values, mask, unbiased=False) / var_r
+    ratio = masked_var(returns - values, mask, unbiased=False) / var_r.clamp(min=1e-12)
+    return torch.where(var_r <= 1e-12, torch.zeros((), dtype=ratio.dtype, device=ratio.device), 1.0 - ratio)

@@ -24,8 +24,12 @@ def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> t
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of x over positions where mask is 1: sum(x * mask) / sum(mask) (over `dim` or everything)."""
     count = mask.sum() if dim is None else mask.sum(dim=dim)
-    if dim is None and count.item() <= 0:
-        raise ValueError("masked_mean: the mask selects no element")
+    if dim is None:
+        if count.device.type == "cpu":
+            if count.item() <= 0:
+                raise ValueError("masked_mean: the mask selects no element")
+        else:  # checked on the device: reading the count here would wait for every kernel queued before it
+            torch._assert_async(count > 0, "masked_mean: the mask selects no element")
     return masked_sum(x, mask, dim) / count.clamp(min=1e-8)
 
 
@@ -33,10 +37,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     """Variance over masked positions; Bessel-corrected n/(n-1) when `unbiased` and n > 1."""
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)
-    if unbiased:
+    if unbiased:  # chosen on the device (a branch on n would read it back and wait for the queue)
         n = mask.sum()
-        if n > 1:
-            var = var * n / (n - 1)
+        var = torch.where(n > 1, var * n / (n - 1).clamp(min=1), var)
     return var
 
 

@@ -96,7 +96,9 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
-    """Random-init causal LM + byte tokenizer from a ``tiny:`` spec; deterministic by its seed."""
+    """Random-init causal LM + byte tokenizer from a ``tiny:`` spec; deterministic by its seed, and the same
+    model in every dtype: initialised in float32, then cast (transformers versions differ in whether an init in
+    bf16 draws the same numbers: 5.17 does not, so a bf16 tiny model there was another model)."""
     arch, p = parse_tiny_spec(name)
     tok = build_tiny_tokenizer()
     fields = {ARCHS[arch][k]: p[k] for k in ("hidden", "layers", "heads", "vocab", "ctx")}
@@ -113,5 +115,5 @@ def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTraine
     )
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(p["seed"])
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model, tok
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model.to(dtype), tok

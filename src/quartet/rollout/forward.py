@@ -21,9 +21,18 @@ from quartet.rollout.record import Rollout, position_ids_from_mask
 
 
 def shared_prefix(ro: Rollout) -> tuple[int, torch.Tensor] | None:
-    """(tokens every row's prompt starts with, each row's left pads) where there are enough to share, else None."""
-    n = shared_prefix_length(ro.prompt_ids, ro.prompt_mask)
+    """(tokens every row's prompt starts with, each row's left pads) where there are enough to share, else None.
+    The length is the one noted on the rollout (`Rollout.prefix_tokens`, counted on the host) where there is one."""
+    n = ro.prefix_tokens if ro.prefix_tokens is not None else shared_prefix_length(ro.prompt_ids, ro.prompt_mask)
     return (n, (ro.prompt_mask == 0).sum(1)) if n else None
+
+
+def noted_prefix(ro: Rollout) -> Rollout:
+    """`ro`, its `prefix_tokens` counted from its prompt ids where not noted yet: on the host, before the rows go to a
+    GPU (there, reading the count would wait for every kernel queued before it)."""
+    if ro.prefix_tokens is None:
+        ro.prefix_tokens = shared_prefix_length(ro.prompt_ids, ro.prompt_mask)
+    return ro
 
 
 def response_logits(

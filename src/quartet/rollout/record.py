@@ -37,6 +37,10 @@ class Rollout:
     engine_logprobs: torch.Tensor | None = None  # (B, R) the sampling engine's own log-prob of each token, 0 on padding
     engine_entropy: torch.Tensor | None = None  # (B, R) the entropy of the engine's distribution at each token
     trunk: torch.Tensor | None = None  # (B, T, H) the actor's frozen bottom layers' output (models/trunk.py)
+    # the rows' shared prompt prefix (models/prefix.shared_prefix_length), noted where the ids were on the host
+    # before these rows went to a GPU, where reading it from the ids would wait for the queued kernels; None: read
+    # from the ids when a forward needs it. Kept by `trimmed` and `to`; `select` and `concat` drop it (other rows).
+    prefix_tokens: int | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -66,17 +70,21 @@ class Rollout:
                 out[f.name] = value[index]
             elif isinstance(value, list) and value:  # an empty list (no texts kept) stays empty
                 out[f.name] = [value[i] for i in index.tolist()]
+            elif f.name == "prefix_tokens":  # other rows may share more
+                out[f.name] = None
             else:
                 out[f.name] = value
         return Rollout(**out)
 
-    def to(self, device: torch.device | str) -> Rollout:
-        """The same rollout with every tensor on `device` (itself where they all are already)."""
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Rollout:
+        """The same rollout with every tensor on `device` (itself where they all are already). `non_blocking`: a
+        copy from the host to a GPU does not wait for the kernels queued before it (the host's tensors must stay
+        unchanged until the copies have run, as these records' do)."""
         device = torch.device(device)
         tensors = {f.name: getattr(self, f.name) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
         if all(t.device == device for t in tensors.values()):
             return self
-        return dataclasses.replace(self, **{k: t.to(device) for k, t in tensors.items()})
+        return dataclasses.replace(self, **{k: t.to(device, non_blocking=non_blocking) for k, t in tensors.items()})
 
     def real_span(self) -> tuple[int, int]:
         """(first prompt column that is not padding in every row, number of response columns that are not padding
@@ -123,7 +131,7 @@ def concat(parts: list[Rollout], pad_id: int) -> Rollout:
     out = {}
     for f in fields(Rollout):
         values = [getattr(p, f.name) for p in parts]
-        if values[0] is None:
+        if values[0] is None or f.name == "prefix_tokens":
             out[f.name] = None
         elif isinstance(values[0], list):
             out[f.name] = [x for v in values for x in v]

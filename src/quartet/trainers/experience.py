@@ -31,6 +31,7 @@ from quartet.algo.shaping import overlong_penalty
 from quartet.data import left_pad, prompt_text
 from quartet.eval.stats import distinct_n, repetition_rate
 from quartet.models.trunk import Trunk
+from quartet.rollout.forward import noted_prefix
 from quartet.rollout.record import Rollout, concat, position_ids_from_mask
 from quartet.rollout.scoring import shape_scores
 from quartet.trainers import sharding
@@ -245,7 +246,8 @@ class ExperienceMaker:
         outs: list[torch.Tensor | None] = [None, None, None]
         for rows, mb in ro.by_length(self.cfg.micro_batch_size):
             with self.accelerator.autocast():
-                part = forward(mb.to(self.accelerator.device))  # the models' device; the rollout stays where it is
+                # the models' device; the rollout stays where it is, its shared prefix counted here on the host
+                part = forward(noted_prefix(mb).to(self.accelerator.device))
             for i, x in enumerate(part):
                 if x is not None:
                     if outs[i] is None:

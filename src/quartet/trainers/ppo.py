@@ -21,6 +21,7 @@ DDP sums their gradients, weighted so that the update equals one process's on th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -55,6 +56,7 @@ from quartet.errors import ConfigError, QuartetError
 from quartet.models import save_critic, save_model, save_value_head
 from quartet.models.card import stage_card
 from quartet.models.lean_ops import apply_lean_ops
+from quartet.models.prefix import shared_prefix_length
 from quartet.models.recompute import enable_activation_checkpointing
 from quartet.models.trunk import Trunk
 from quartet.monitor.doctor import LiveDoctor, diagnose_run
@@ -348,7 +350,12 @@ class PPOTrainer:
         backward per forward, both go in one backward and one step.
         """
         cfg, world, rank = self.cfg, self.accelerator.num_processes, self.accelerator.process_index
-        device = self.accelerator.device  # each micro-batch goes there; the rollout stays on the CPU
+        device = self.accelerator.device
+        # the rollout's tensors go to the device once per update (the texts stay behind), and each micro-batch is
+        # cut from that copy by an index sent without waiting: a blocking host-to-GPU copy per micro-batch tensor
+        # would wait each time for every kernel queued before it. What is read on the host (the widths, each
+        # micro-batch's share) is computed from the CPU rollout.
+        rows = dataclasses.replace(ro, prompts=[], responses=[]).to(device, non_blocking=True)
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, iteration, 2))
         size = cfg.minibatch_size * world
         minibatches = [order[i : i + size]
@@ -375,10 +382,10 @@ class PPOTrainer:
             stepped_all = True
             for part, indices in parts:
                 for k, idx in enumerate(micro):
-                    mb = ro.select(idx).trimmed(span)
-                    # on the rollout's device (the CPU): a GPU value read here would wait for the queued kernels
-                    share = (mb.response_mask.sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
-                    mb = mb.to(device)
+                    # on the CPU: a GPU value read here would wait for the queued kernels
+                    share = (ro.response_mask[idx].sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
+                    mb = rows.select(torch.tensor(idx).to(device, non_blocking=True)).trimmed(span)
+                    mb.prefix_tokens = shared_prefix_length(ro.prompt_ids[idx], ro.prompt_mask[idx])  # on the host
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
                         loss, stats = self._loss(mb, beta, part, kept_scale)
                         self.accelerator.backward(loss * share * world)
