@@ -37,13 +37,14 @@ next to its floor on this CPU (or GPU): FLOPs (2 per parameter per token forward
 4 for a frozen LoRA base) over the matmul rate measured here (fp32 or bf16 by the side's
 precision; trl-bf16's update only), and for decoding also the bandwidth floor (the weights read once per
 new token) over the measured memory bandwidth. Attention FLOPs are left out (T < 100 here: a few percent).
-The floors count every row's tokens, as the workload is defined; Quartet's forwards run the rows' shared
-24-token system prompt once (models/prefix.py), a quarter fewer tokens, so its scoring and update can come
-in under them.
+The floors count every row's tokens, as the workload is defined; on a CPU Quartet's forwards run the rows' shared
+24-token system prompt once (models/prefix.py; `share_prompt_prefix: auto`), a quarter fewer tokens, so its scoring
+and update can come in under them.
 
 On a GPU (torch sees one; QUARTET_DEVICE=cpu keeps every side on the CPU) each side runs there: Quartet's trainers
-and TRL's PPOTrainer place their models through accelerate. The default sides are then trl, trl-bf16,
-q-separate-fp32 and q-separate-auto (bf16 autocast where the GPU has it); the machine rates are the GPU's (fp32
+and TRL's PPOTrainer place their models through accelerate. The default sides are then trl, q-separate-fp32,
+q-separate-auto (bf16 autocast where the GPU has it) and q-separate-fp32-prefix (the shared prompt prefix, which
+`auto` leaves off on a GPU; trl-bf16 on request); the machine rates are the GPU's (fp32
 matmul with TF32 off, torch's default; bf16 matmul; a device-to-device copy for the bandwidth), every clock read
 synchronizes the GPU first, and each side also reports its peak GPU memory (torch.cuda.max_memory_allocated) next
 to its peak RSS. TRL's "other" is its gc.collect() and empty_cache() calls (the latter frees the GPU's cache).
@@ -86,6 +87,8 @@ SIDES = {
                              "activation_checkpointing": "full"},
     "q-separate-fp32-whole": {"label": "Quartet, separate critic, full fine-tune, fp32, no shared prompt prefix",
                               "critic": "separate", "lora": False, "precision": "fp32", "share_prompt_prefix": False},
+    "q-separate-fp32-prefix": {"label": "Quartet, separate critic, full fine-tune, fp32, shared prompt prefix",
+                               "critic": "separate", "lora": False, "precision": "fp32", "share_prompt_prefix": True},
     "q-separate-fp32-selective": {"label": "Quartet, separate critic, full fine-tune, fp32, selective recompute",
                                   "critic": "separate", "lora": False, "precision": "fp32",
                                   "activation_checkpointing": "selective"},
@@ -96,8 +99,9 @@ SIDES = {
     "q-shared-lora": {"label": "Quartet, shared value head + LoRA, auto",
                       "critic": "shared", "lora": True, "precision": "auto"},
 }
-CPU_SIDES = [s for s in SIDES if s != "trl-bf16"]  # the default on a CPU: every side as before trl-bf16 came
-GPU_SIDES = ["trl", "trl-bf16", "q-separate-fp32", "q-separate-auto"]
+# the default on a CPU: every side as before trl-bf16 came (the -prefix side is what auto does there already)
+CPU_SIDES = [s for s in SIDES if s not in ("trl-bf16", "q-separate-fp32-prefix")]
+GPU_SIDES = ["trl", "q-separate-fp32", "q-separate-auto", "q-separate-fp32-prefix"]
 BATCH, NEW_TOKENS, EPOCHS, LR, MAX_PROMPT = 16, 32, 4, 3e-6, 64
 INIT_SEED = 43  # --random-init: the policy's weights
 
@@ -292,7 +296,7 @@ def run_quartet(args, meta: dict, spec: dict) -> None:
         "prompts": {"path": meta["prompts"], "max_prompt_tokens": MAX_PROMPT},
         "output_dir": str(out / "ppo"), "iterations": args.iterations + 1 + bool(args.profile),
         "rollout_batch_size": BATCH, "minibatch_size": BATCH, "micro_batch_size": spec.get("micro_batch_size", BATCH),
-        "ppo_epochs": EPOCHS, "share_prompt_prefix": spec.get("share_prompt_prefix", True),
+        "ppo_epochs": EPOCHS, "share_prompt_prefix": spec.get("share_prompt_prefix", "auto"),
         "generation": {"max_new_tokens": NEW_TOKENS, "batch_size": BATCH, "temperature": 1.0},
         "critic": spec["critic"], "lora": {"enabled": spec["lora"]}, "precision": spec["precision"],
         "activation_checkpointing": spec.get("activation_checkpointing", "none"),

@@ -8,7 +8,8 @@
 # Python: $PYTHON, else .venv/bin/python where there is one, else python3. Wheels in .whl/ (trl, datasets, gguf,
 # ...: what that machine lacks) and Quartet itself are installed into that Python's environment first where
 # Quartet is not importable yet (a bare GPU machine). The
-# SmolLM2-shaped benchmark (GPU_CHECK_PROFILE=0: without its profiled extra iteration per Quartet side) needs .gpu/smollm2-shape (config + tokenizer, no weights: scripts/gpu_assets.py) and
+# SmolLM2-shaped benchmark (GPU_CHECK_PROFILE=1: and one more iteration per Quartet side under torch.profiler,
+# over a minute each on an H200) needs .gpu/smollm2-shape (config + tokenizer, no weights: scripts/gpu_assets.py) and
 # TRL importable; without them that step is skipped and says so. Each step has its own time limit (GPU_CHECK_*_S),
 # so the whole check ends inside 10 minutes on an H100; a step that fails is recorded and the next one runs.
 set -u
@@ -67,7 +68,7 @@ fi
 if [ -d .gpu/smollm2-shape ] && "$PY" -c "import trl" 2>/dev/null; then
     step vs_trl "${GPU_CHECK_BENCH_S:-240}" "$PY" benchmarks/vs_trl.py --model .gpu/smollm2-shape --random-init \
         --trl-python current --sequential --iterations 3 --threads 4 --json "$OUT/vs_trl.json" \
-        $( [ "${GPU_CHECK_PROFILE:-1}" = 1 ] && echo --profile "$OUT/profile" ) ${GPU_CHECK_BENCH_ARGS:-}
+        $( [ "${GPU_CHECK_PROFILE:-0}" = 1 ] && echo --profile "$OUT/profile" ) ${GPU_CHECK_BENCH_ARGS:-}
 else
     echo "vs_trl: skipped (needs .gpu/smollm2-shape from scripts/gpu_assets.py and trl importable)" | tee -a "$OUT/steps.txt"
 fi

@@ -177,6 +177,8 @@ def test_non_finite_numbers_are_refused_everywhere(key, value):
     (RewardConfig, "normalize_generation.top_k=-1", "normalize_generation.top_k: must be >= 0"),
     (RewardConfig, "max_seq_len=1e400", "max_seq_len: must be an integer"),
     (RewardConfig, "epochs=123456789012345678901234567890e300", "epochs: must be a finite number"),
+    # a union names every alternative, not only the first
+    (PPOConfig, "share_prompt_prefix=maybe", "share_prompt_prefix: must be true or false, or one of 'auto', got 'maybe'"),
 ])
 def test_each_range_check_names_the_key(cls, override, message):
     with pytest.raises(ConfigError) as info:

@@ -43,8 +43,8 @@ def _cfg(tmp_path, critic="separate", **fields):
     return cfg
 
 
-def _facts(processes=1, sharded=None, dtype=torch.float32, resume=False, trunk=False, probes=ALL_PROBES):
-    return Facts(processes, sharded, dtype, resume, trunk, probes)
+def _facts(processes=1, sharded=None, dtype=torch.float32, resume=False, trunk=False, probes=ALL_PROBES, gpu=False):
+    return Facts(processes, sharded, dtype, resume, trunk, probes, gpu)
 
 
 # ------------------------------------------------------------------------------------------- the named cases
@@ -83,6 +83,10 @@ CASES = {
     "prefix sharing off in the config": (
         {"share_prompt_prefix": False}, _facts(),
         {"actor_shares_prefix": False, "critic_shares_prefix": False, "reference_shares_prefix": False}),
+    "on a GPU, auto shares no prefix (launch-bound: its own pass costs more than it saves)": (
+        {}, _facts(gpu=True),
+        {"actor_shares_prefix": False, "critic_shares_prefix": False, "reference_shares_prefix": False}),
+    "on a GPU, asked for": ({"share_prompt_prefix": True}, _facts(gpu=True), {}),
     "the probes failed": (
         {}, _facts(probes=PrefixProbes(reference=False)),
         {"actor_shares_prefix": False, "critic_shares_prefix": False, "reference_shares_prefix": False}),

@@ -82,6 +82,9 @@ def _coerce(tp, value, where: str, non_finite: bool = False):
                 return _coerce(arg, value, where, non_finite)
             except ConfigError as e:
                 errors.append(str(e))
+        head, tail = f"{where}: must be ", f", got {value!r}"
+        if len(errors) > 1 and all(e.startswith(head) and e.endswith(tail) for e in errors):  # every alternative
+            raise ConfigError(head + ", or ".join(e[len(head): -len(tail)] for e in errors) + tail)
         raise ConfigError(errors[0])
     if origin is Literal:
         if value not in args:

@@ -464,11 +464,13 @@ class PPOConfig:
     """the decoder layers' RMSNorms and SwiGLU product of the trained roles as autograd functions that keep less
     for the backward (quartet.models.lean_ops): the same forwards bit for bit, gradients equal up to rounding;
     SmolLM2 separate critic, bf16: peak -0.5 GB (7.2-7.4 -> 6.7-6.9 GB) at the same update time"""
-    share_prompt_prefix: bool = True
+    share_prompt_prefix: bool | Literal["auto"] = "auto"
     """the tokens every prompt of a micro-batch starts with (a chat template's system prompt) run once, their keys
     and values shared by the rows (quartet.models.prefix): actor, separate critic and reference forwards, the
-    update's included (with activation checkpointing too); not with sharded weights. SmolLM2 separate critic, fp32,
-    16 x 96 tokens of which 24 are the system prompt: 69.6 -> 58.4 s per PPO iteration, peak 8.0 -> 7.3 GB"""
+    update's included (with activation checkpointing too); not with sharded weights. auto: on the CPU, not on a
+    GPU. SmolLM2 separate critic, fp32, 16 x 96 tokens of which 24 are the system prompt, 2-core CPU: 69.6 -> 58.4 s
+    per PPO iteration, peak 8.0 -> 7.3 GB; the same shape on one H200, where a small model is bound by kernel
+    launches and the prefix's pass adds its own: 2.45 s per iteration shared, 1.78 s not (docs/gpu.md)"""
     reuse_sampling_logprobs: bool = True
     """the old log-probs (and the entropy statistic) taken from the logits the tokens were sampled from, instead
     of a forward of the actor over the rollout, where that pass computes what the forward would up to float

@@ -142,7 +142,7 @@ class PPOTrainer:
         cfg = self.cfg
         self._claim_output_dir(resume, overwrite)
         launch = Facts(self.accelerator.num_processes, sharding.accelerator_shards(self.accelerator),
-                       loop.generation_dtype(cfg.precision), resume)
+                       loop.generation_dtype(cfg.precision), resume, gpu=self.accelerator.device.type == "cuda")
         check_launch(cfg, launch)
         self.estimator = get_estimator(cfg.advantage)
         self.doctor = LiveDoctor(stop_on=cfg.stop_on, kl_target=cfg.kl_target if cfg.adaptive_kl else None)
