@@ -105,6 +105,20 @@ def test_explained_variance_perfect_and_mean_predictor():
     _, mean_pred = clipped_value_loss(torch.full((1, 4), 2.5), returns, returns, mask, None)
     assert perfect["value/explained_variance"].item() == pytest.approx(1.0)
     assert mean_pred["value/explained_variance"].item() == pytest.approx(0.0, abs=1e-6)
+    # returns that do not vary explain nothing: 0, not a division by zero; the padding is not counted
+    flat = torch.tensor([[2.0, 2.0, 2.0, 9.0]])
+    _, const = clipped_value_loss(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), flat, flat, torch.tensor([[1.0, 1, 1, 0]]), None)
+    assert const["value/explained_variance"].item() == 0.0
+    # hand-worked: Var[R] = 1.25, R - V = (0.5, -0.5, 0.5, -0.5) has Var 0.25 -> 1 - 0.25 / 1.25 = 0.8
+    _, some = clipped_value_loss(returns - torch.tensor([[0.5, -0.5, 0.5, -0.5]]), returns, returns, mask, None)
+    assert some["value/explained_variance"].item() == pytest.approx(0.8)
+
+
+def test_the_unbiased_variance_of_one_element_is_left_uncorrected():
+    """n / (n - 1) only where n > 1 (chosen on the tensor's device, no value read back): one element's variance is 0."""
+    x = torch.tensor([[3.0, 5.0, 7.0]])
+    assert masked_var(x, torch.tensor([[1.0, 0.0, 0.0]])).item() == 0.0
+    assert masked_var(x, torch.tensor([[1.0, 1.0, 0.0]])).item() == pytest.approx(2.0)  # (1 + 1) / (2 - 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -62,3 +62,25 @@ def test_to_moves_every_tensor_and_keeps_the_texts():
     assert all(getattr(meta, name).device.type == "meta" for name in tensors)
     assert meta.old_logprobs is None and meta.prompts == ro.prompts and meta.responses == ro.responses
     assert all(getattr(ro, name).device.type == "cpu" for name in tensors)  # the original is left as it was
+
+
+def test_a_noted_shared_prefix_travels_with_its_rows_and_no_further():
+    """`prefix_tokens`, counted on the host before the rows go to a GPU, is what the forwards use; `trimmed` and `to`
+    keep it (the same rows), `select` and `concat` drop it (other rows may share more or less)."""
+    from quartet.models.prefix import MIN_SHARED_TOKENS
+    from quartet.rollout.forward import noted_prefix, shared_prefix
+    from quartet.rollout.record import concat
+
+    n = MIN_SHARED_TOKENS + 2
+    system = torch.arange(100, 100 + n)
+    prompt_ids = torch.stack([torch.cat([system, torch.tensor([7, 8])]), torch.cat([system, torch.tensor([9, 9])])])
+    ro = Rollout(prompt_ids, torch.ones_like(prompt_ids), torch.tensor([[5, 6], [5, 0]]),
+                 torch.tensor([[1.0, 1.0], [1.0, 0.0]]), eos=torch.ones(2, dtype=torch.bool))
+    assert ro.prefix_tokens is None and shared_prefix(ro)[0] == n  # counted from the ids
+    noted = noted_prefix(ro)
+    assert noted is ro and ro.prefix_tokens == n
+    assert ro.trimmed().prefix_tokens == n and ro.to("meta").prefix_tokens == n
+    assert shared_prefix(ro.to("meta"))[0] == n  # read from the note: the ids on the device are not read
+    assert ro.select([0, 1]).prefix_tokens is None and concat([ro, ro], 0).prefix_tokens is None
+    ro.prefix_tokens = 0  # a note says there is nothing to share
+    assert shared_prefix(ro) is None
