@@ -356,6 +356,7 @@ class PPOTrainer:
         # would wait each time for every kernel queued before it. What is read on the host (the widths, each
         # micro-batch's share) is computed from the CPU rollout.
         rows = dataclasses.replace(ro, prompts=[], responses=[]).to(device, non_blocking=True)
+        shares_prefix = self.plan.actor_shares_prefix or self.plan.critic_shares_prefix
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, iteration, 2))
         size = cfg.minibatch_size * world
         minibatches = [order[i : i + size]
@@ -379,13 +380,18 @@ class PPOTrainer:
             if cfg.mask_truncated_completions:
                 kept_scale = kept_rows_scale(ro.response_mask[global_mb], ro.eos[global_mb].to(torch.float32),
                                              cfg.loss_aggregation)
+            # per micro-batch, once for both roles' passes and on the host (a GPU value read here would wait for the
+            # queued kernels): its rows' index, sent to the device without waiting; its share of the minibatch; the
+            # length of its rows' shared prompt prefix where a forward shares it
+            cuts = [(torch.tensor(idx).to(device, non_blocking=True),
+                     (ro.response_mask[idx].sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total,
+                     shared_prefix_length(ro.prompt_ids[idx], ro.prompt_mask[idx]) if shares_prefix else None)
+                    for idx in micro]
             stepped_all = True
             for part, indices in parts:
-                for k, idx in enumerate(micro):
-                    # on the CPU: a GPU value read here would wait for the queued kernels
-                    share = (ro.response_mask[idx].sum() if cfg.loss_aggregation == "token-mean" else len(idx)) / total
-                    mb = rows.select(torch.tensor(idx).to(device, non_blocking=True)).trimmed(span)
-                    mb.prefix_tokens = shared_prefix_length(ro.prompt_ids[idx], ro.prompt_mask[idx])  # on the host
+                for k, (index, share, prefix) in enumerate(cuts):
+                    mb = rows.select(index).trimmed(span)
+                    mb.prefix_tokens = prefix
                     with contextlib.nullcontext() if k == len(micro) - 1 else self.accelerator.no_sync(self.model):
                         loss, stats = self._loss(mb, beta, part, kept_scale)
                         self.accelerator.backward(loss * share * world)
