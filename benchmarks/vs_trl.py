@@ -358,7 +358,9 @@ def profile_step(trainer, iteration: int, folder: Path, side: str) -> None:
         lo, hi = marks[0].time_range.start, marks[0].time_range.end
         inside = [e for e in events if lo <= e.time_range.start <= hi]
         host = [e for e in inside if e.device_type == torch.autograd.DeviceType.CPU]
-        kernels = [e for e in inside if e.device_type != torch.autograd.DeviceType.CPU]
+        # the device's own work: the marks above also appear on the GPU's timeline, spanning the whole phase
+        kernels = [e for e in inside if e.device_type != torch.autograd.DeviceType.CPU
+                   and not e.name.startswith("quartet::")]
         names = collections.Counter(e.name for e in host)
         count = lambda wanted, names=names: sum(names[n] for n in wanted)  # noqa: E731
         out[phase] = {"wall_s": (hi - lo) / 1e6, "device_busy_s": sum(e.time_range.elapsed_us() for e in kernels) / 1e6,
@@ -743,23 +745,26 @@ def _report(results: dict, meta: dict, rates: dict) -> list[dict]:
     return rows
 
 
+def profile_table(profiles: dict) -> list[str]:
+    """Markdown rows of profile_step's counts, {side: {phase: counts}} (also scripts/gpu_check.py's summary)."""
+    keys = ("kernels", "launches", "host_waits", "async_copies", "scalar_reads", "aten_ops")
+    lines = ["| run | phase | wall s | device busy s | " + " | ".join(k.replace("_", " ") for k in keys) + " |",
+             "|---|---|---|---|" + "---|" * len(keys)]
+    for side, phases in profiles.items():
+        for phase, c in phases.items():
+            lines.append(f"| {side} | {phase} | {c['wall_s']:.3f} | {c['device_busy_s']:.3f} | "
+                         + " | ".join(str(c[k]) for k in keys) + " |")
+    return lines
+
+
 def _report_profiles(folder: Path, sides: list[str]) -> dict:
     """Print the profiled iteration's counts per Quartet side (profile_step's files in `folder`); returns them."""
-    found = {}
-    print(f"\nprofiled iteration (torch.profiler; tables in {folder}):")
-    print("| run | phase | wall s | device busy s | kernels | launches | host waits | async copies | scalar reads "
-          "| aten ops |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for side in sides:
-        path = folder / f"{side}.json"
-        if not path.exists():
-            print(f"| {side} | (no profile) | | | | | | | | |")
-            continue
-        found[side] = json.loads(path.read_text())
-        for phase, c in found[side].items():
-            print(f"| {side} | {phase} | {c['wall_s']:.3f} | {c['device_busy_s']:.3f} | {c['kernels']} | "
-                  f"{c['launches']} | {c['host_waits']} | {c['async_copies']} | {c['scalar_reads']} | "
-                  f"{c['aten_ops']} |")
+    found = {side: json.loads((folder / f"{side}.json").read_text()) for side in sides
+             if (folder / f"{side}.json").exists()}
+    print(f"\nprofiled iteration (torch.profiler; tables in {folder}):", *profile_table(found), sep="\n")
+    missing = [side for side in sides if side not in found]
+    if missing:
+        print(f"no profile from: {', '.join(missing)}")
     return found
 
 

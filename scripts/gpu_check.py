@@ -232,14 +232,11 @@ def summary(out: Path) -> dict:
             lines.append(f"| {r['side']} | {r['precision']} | {r['total']:.3f} | {r['generate']:.3f} | "
                          f"{r['scoring']:.3f} | {r['update']:.3f} | {gpu} | {r['tokens_per_s']:.0f} |")
         if v.get("profile"):
+            sys.path.insert(0, str(ROOT / "benchmarks"))
+            from vs_trl import profile_table  # the benchmark's own rendering of its counts
+
             lines += ["", "One more iteration per Quartet side under torch.profiler (host waits: cudaStreamSynchronize "
-                      "and kin; scalar reads: values read back to the host):", "",
-                      "| side | phase | wall s | device busy s | kernels | launches | host waits | async copies | "
-                      "scalar reads |", "|---|---|---|---|---|---|---|---|---|"]
-            for side, phases in v["profile"].items():
-                for phase, c in phases.items():
-                    lines.append(f"| {side} | {phase} | {c['wall_s']:.3f} | {c['device_busy_s']:.3f} | {c['kernels']} | "
-                                 f"{c['launches']} | {c['host_waits']} | {c['async_copies']} | {c['scalar_reads']} |")
+                      "and kin; scalar reads: values read back to the host):", "", *profile_table(v["profile"])]
     (out / "gpu_check.md").write_text("\n".join(lines) + "\n")
     return doc
 

@@ -10,10 +10,10 @@ when that object is made: the policy module, the generation engine, the experien
   `prepare`; accelerate shards a model in `prepare` exactly when its distributed type is FSDP, or DeepSpeed with
   ZeRO stage 3, which is what that function reads. What they do not handle yet is refused (`check_launch`).
 - frozen trunk (models/trunk.py): LoRA on the top layers only; one process, full weights, and the probe's verdict.
-- shared prompt prefix (models/prefix.py): per model, the probe's verdict (`auto`: on the CPU only); under activation checkpointing the
-  trained roles also need their layers to keep the read-only cache and a probe in training mode. Not on sharded
-  weights: FSDP2 on gloo aborted on the actor's two calls in one forward (tests/distributed/test_sharded.py), and
-  sharded runs are GPU runs this was not measured on.
+- shared prompt prefix (models/prefix.py): per model, the probe's verdict (`auto`: on the CPU only); under
+  activation checkpointing the trained roles also need their layers to keep the read-only cache and a probe in
+  training mode. Not on sharded weights: FSDP2 on gloo aborted on the actor's two calls in one forward
+  (tests/distributed/test_sharded.py), and sharded runs are GPU runs this was not measured on.
 - old log-probs from the sampling pass (`PPOConfig.reuse_sampling_logprobs`): where that pass computes the
   actor's forward up to float rounding: the HF engine sampling the fp32-trained actor's weights in fp32, no
   shared value head (the actor's forward runs for the values anyway), no frozen trunk, full weights (a LoRA

@@ -352,9 +352,8 @@ class PPOTrainer:
         cfg, world, rank = self.cfg, self.accelerator.num_processes, self.accelerator.process_index
         device = self.accelerator.device
         # the rollout's tensors go to the device once per update (the texts stay behind), and each micro-batch is
-        # cut from that copy by an index sent without waiting: a blocking host-to-GPU copy per micro-batch tensor
-        # would wait each time for every kernel queued before it. What is read on the host (the widths, each
-        # micro-batch's share) is computed from the CPU rollout.
+        # cut from that copy (`cuts` below): a blocking host-to-GPU copy per micro-batch tensor would wait each time
+        # for every kernel queued before it
         rows = dataclasses.replace(ro, prompts=[], responses=[]).to(device, non_blocking=True)
         shares_prefix = self.plan.actor_shares_prefix or self.plan.critic_shares_prefix
         gen = torch.Generator().manual_seed(step_seed(cfg.seed, iteration, 2))
