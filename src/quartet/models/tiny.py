@@ -12,7 +12,7 @@ from urllib.parse import parse_qsl
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
+import transformers  # its own lazy module: the classes below load when first used, not with quartet.models
 
 from quartet.errors import ModelError
 
@@ -72,7 +72,7 @@ def parse_tiny_spec(name: str) -> tuple[str, dict[str, int]]:
     return arch, params
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
     """Byte-level tokenizer, ids 0-3 = <pad>, <|endoftext|>, <|im_start|>, <|im_end|> (= EOS), 4-259 = bytes."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
@@ -82,7 +82,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(SPECIALS)
-    tok = PreTrainedTokenizerFast(
+    tok = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,
         eos_token=IM_END,  # the assistant turn ends with <|im_end|>, so generation stops there
@@ -95,7 +95,7 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerFast]:
+def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """Random-init causal LM + byte tokenizer from a ``tiny:`` spec; deterministic by its seed, and the same
     model in every dtype: initialised in float32, then cast (transformers versions differ in whether an init in
     bf16 draws the same numbers: 5.17 does not, so a bf16 tiny model there was another model)."""
@@ -106,7 +106,7 @@ def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTraine
         fields["intermediate_size"] = 4 * p["hidden"]
         fields["tie_word_embeddings"] = False
         fields["num_key_value_heads"] = p["kv_heads"] or p["heads"]
-    config = AutoConfig.for_model(
+    config = transformers.AutoConfig.for_model(
         arch,
         **fields,
         pad_token_id=tok.pad_token_id,
@@ -115,5 +115,5 @@ def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[PreTraine
     )
     with torch.random.fork_rng(devices=[]):  # seed the init without touching the caller's RNG
         torch.manual_seed(p["seed"])
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return model.to(dtype), tok

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
+import transformers
 from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
-from transformers import get_scheduler
 
 from quartet.allocator import retain_freed_memory
 from quartet.config import OptimConfig
@@ -243,7 +243,7 @@ def make_scheduler(optimizer, cfg: OptimConfig, total_steps: int, num_processes:
 
     accelerate's scheduler wrapper steps the schedule once per process per optimizer step, hence the
     `num_processes` factor (without it an N-process run decays N times too fast)."""
-    return get_scheduler(
+    return transformers.get_scheduler(
         SCHEDULES[cfg.schedule],
         optimizer,
         num_warmup_steps=min(cfg.warmup_steps, total_steps) * num_processes,
