@@ -230,11 +230,126 @@ def _write_tiny_llama_gguf(path: Path, hidden=16, layers=2, heads=2, kv_heads=1,
     return path
 
 
+@pytest.fixture(autouse=True)
+def _gguf_cache_in_tmp(tmp_path, monkeypatch):
+    """The GGUF files here are the test's own: their converted copies go to its tmp folder, not the user's cache."""
+    monkeypatch.setenv("QUARTET_CACHE", str(tmp_path / "quartet-cache"))
+
+
+class _Parses:
+    """Counts gguf-py's header parses (a conversion parses the file; a load from the cache does not)."""
+
+    def __init__(self, monkeypatch):
+        import gguf
+
+        real, self.paths = gguf.GGUFReader, []
+
+        def counting(*args, **kwargs):
+            self.paths.append(args[0])
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(gguf, "GGUFReader", counting)
+
+    def __len__(self):
+        return len(self.paths)
+
+
+def _fresh_process():
+    """What a new process starts with: no in-process copies of a GGUF model or tokenizer."""
+    from quartet.models import gguf as quartet_gguf
+
+    quartet_gguf.clear_model_cache()
+    quartet_gguf._GGUF_TOKENIZERS.clear()
+
+
+def _same_load(a, b):
+    (model_a, tok_a), (model_b, tok_b) = a, b
+    assert model_a.config.to_dict() == model_b.config.to_dict() and model_a.name_or_path == model_b.name_or_path
+    sd_a, sd_b = model_a.state_dict(), model_b.state_dict()
+    assert sd_a.keys() == sd_b.keys() and all(torch.equal(t, sd_b[k]) for k, t in sd_a.items())
+    assert model_a.generation_config.to_dict() == model_b.generation_config.to_dict()
+    assert tok_a.get_vocab() == tok_b.get_vocab() and tok_a.all_special_tokens == tok_b.all_special_tokens
+    assert (tok_a.pad_token, tok_a.eos_token, tok_a.padding_side) == (tok_b.pad_token, tok_b.eos_token,
+                                                                       tok_b.padding_side)
+    texts = ["the hat", "<|im_start|>the<|im_end|>", " tt hhe ü"]
+    assert tok_a(texts, padding=True).input_ids == tok_b(texts, padding=True).input_ids
+    assert type(tok_a) is type(tok_b) and tok_a.name_or_path == tok_b.name_or_path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gguf_is_converted_once_then_read_from_the_cache_unchanged(tmp_path, monkeypatch, dtype):
+    from quartet.models import gguf as quartet_gguf
+
+    path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("QUARTET_CACHE", "off")
+    _fresh_process()
+    converted = load_causal_lm(str(path), dtype)
+    monkeypatch.setenv("QUARTET_CACHE", str(tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists()  # off writes nothing
+
+    parses = _Parses(monkeypatch)
+    _fresh_process()
+    first = load_causal_lm(str(path), dtype)
+    entry = quartet_gguf.cache_entry(resolve_model(str(path)), dtype)
+    assert len(parses) == 1 and (entry / quartet_gguf.CACHE_MARK).is_file() and (entry / "model.safetensors").is_file()
+    assert list(entry.parent.iterdir()) == [entry]  # no temporary folder left beside it
+    _fresh_process()
+    cached = load_causal_lm(str(path), dtype)
+    assert len(parses) == 1  # read from the cache: the file was not parsed again
+    _same_load(converted, first)
+    _same_load(converted, cached)
+    assert next(cached[0].parameters()).dtype == dtype and str(path.parent) == cached[0].name_or_path
+
+    _fresh_process()
+    assert load_tokenizer(str(path)).get_vocab() == converted[1].get_vocab() and len(parses) == 1  # tokenizer too
+
+
+def test_a_changed_gguf_file_is_converted_again(tmp_path, monkeypatch):
+    path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    _fresh_process()
+    before = load_causal_lm(str(path))[0].state_dict()
+    _write_tiny_llama_gguf(tmp_path / "other.gguf", hidden=24, heads=2)
+    path.write_bytes((tmp_path / "other.gguf").read_bytes())  # the same name, other weights (another size)
+    _fresh_process()
+    after = load_causal_lm(str(path))[0]
+    assert after.config.hidden_size == 24 and before["model.embed_tokens.weight"].shape[1] == 16
+
+
+@pytest.mark.parametrize("damage", ["weights-cut", "no-mark", "cache-is-a-file"])
+def test_a_damaged_or_unwritable_cache_never_fails_a_load(tmp_path, monkeypatch, damage):
+    """The cache only saves time: an entry that does not load is converted again and replaced, and a cache that cannot
+    be written is skipped; the load gives the same model either way."""
+    from quartet.models import gguf as quartet_gguf
+
+    path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    source = resolve_model(str(path))
+    entry = quartet_gguf.cache_entry(source, torch.float32)
+    _fresh_process()
+    good = load_causal_lm(str(path))
+    if damage == "weights-cut":
+        weights = entry / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:100])
+    elif damage == "no-mark":  # a folder some other writer left half-made: not read
+        (entry / quartet_gguf.CACHE_MARK).unlink()
+    else:
+        monkeypatch.setenv("QUARTET_CACHE", str(path))  # a file: nothing can be made under it (as a full disk)
+    parses = _Parses(monkeypatch)
+    _fresh_process()
+    again = load_causal_lm(str(path))
+    assert len(parses) == 1
+    _same_load(good, again)
+    if damage in ("weights-cut", "no-mark"):  # replaced by a whole entry, which the next load reads
+        _fresh_process()
+        _same_load(good, load_causal_lm(str(path)))
+        assert len(parses) == 1
+
+
 def test_gguf_is_parsed_once_per_load_and_loads_the_same_model(tmp_path, monkeypatch):
     import gguf
 
     from quartet.models import gguf as quartet_gguf
 
+    monkeypatch.setenv("QUARTET_CACHE", "off")  # every load here converts
     path = _write_tiny_llama_gguf(tmp_path / "tiny.gguf")
     real_reader, real_map = gguf.GGUFReader, gguf.get_tensor_name_map
     parses = []
