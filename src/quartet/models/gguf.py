@@ -1,11 +1,11 @@
 """GGUF files (``smollm2-135m-instruct``, ``path/to/file.gguf``): a dense model dequantised by transformers, and its
 tokenizer, with the file parsed once per load and the last model kept for the copies a run asks for.
 
-Dequantising is slow where it is pure Python: for SmolLM2-135M, ~5 s to parse the header and build the 49k-token
-tokenizer and ~4 s more for the weights, in every process that loads it. So the first load also writes what it
+Converting is slow where it is pure Python: for SmolLM2-135M on an AVX2 EPYC, ~5 s to parse the header and build the
+49k-token tokenizer and ~6 s more for the weights, in every process that loads it. So the first load also writes what it
 made, with ``save_pretrained``, to a disk cache (`cache_root`: ``$QUARTET_CACHE``, else ``$XDG_CACHE_HOME/quartet``,
 else ``~/.cache/quartet``; ``QUARTET_CACHE=off`` turns it off), and later loads of the same file read that folder
-(~1 s). An entry is named by the file's resolved path, size and modification time, the dtype and the transformers
+(~1.4 s). An entry is named by the file's resolved path, size and modification time, the dtype and the transformers
 version that converted it, so a changed file or another transformers converts again; an entry that cannot be read
 is converted again, and a cache that cannot be written is skipped: the cache never makes a load fail.
 """

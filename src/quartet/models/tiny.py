@@ -11,8 +11,8 @@ from __future__ import annotations
 from urllib.parse import parse_qsl
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 import transformers  # its own lazy module: the classes below load when first used, not with quartet.models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from quartet.errors import ModelError
 
