@@ -115,7 +115,7 @@ def atomic_dir(path: str | os.PathLike, replace: Collection[str] | None = None) 
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
-        _ordinary_modes(tmp)
+        ordinary_modes(tmp)
         if replace is not None and path.is_dir() and any(e.name not in replace for e in path.iterdir()):
             new = {entry.name for entry in tmp.iterdir()}
             for name in sorted(new):
@@ -148,7 +148,7 @@ def _renamed(error: QuartetError, old: str, new: str) -> BaseException:
         return error
 
 
-def _ordinary_modes(root: Path) -> None:
+def ordinary_modes(root: Path) -> None:
     """Give `root` and everything under it the mode `open` / `mkdir` give under the umask (execute bits kept)."""
     mask = _umask()
     os.chmod(root, 0o777 & ~mask)

@@ -6,6 +6,8 @@ import contextlib
 import copy
 import importlib.util
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -293,6 +295,10 @@ def test_a_gguf_is_converted_once_then_read_from_the_cache_unchanged(tmp_path, m
     entry = quartet_gguf.cache_entry(resolve_model(str(path)), dtype)
     assert len(parses) == 1 and (entry / quartet_gguf.CACHE_MARK).is_file() and (entry / "model.safetensors").is_file()
     assert list(entry.parent.iterdir()) == [entry]  # no temporary folder left beside it
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {stat.S_IMODE(p.stat().st_mode) for p in entry.iterdir()} == {0o666 & ~umask}  # not mkdtemp's 0700
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o777 & ~umask
     _fresh_process()
     cached = load_causal_lm(str(path), dtype)
     assert len(parses) == 1  # read from the cache: the file was not parsed again

@@ -28,6 +28,7 @@ import torch
 import transformers
 from torch import nn
 
+from quartet.atomic import ordinary_modes
 from quartet.errors import ModelError
 from quartet.models.names import ModelSource, _first_line
 
@@ -130,6 +131,7 @@ def _write_entry(entry: Path, source: ModelSource, model, tokenizer, replace: bo
         (tmp / CACHE_MARK).write_text(json.dumps({
             "gguf": str(source.path / source.gguf_file), "transformers": transformers.__version__,
         }) + "\n", encoding="utf-8")
+        ordinary_modes(tmp)  # as the folders the user makes: a cache shared by a team reads for all of it
         if replace or (entry.exists() and not (entry / CACHE_MARK).is_file()):  # damaged, or left half-made
             shutil.rmtree(entry, ignore_errors=True)
         if (entry / CACHE_MARK).is_file():
