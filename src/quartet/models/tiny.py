@@ -95,7 +95,9 @@ def build_tiny_tokenizer() -> transformers.PreTrainedTokenizerFast:
     return tok
 
 
-def build_tiny(name: str, dtype: torch.dtype = torch.float32) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
+def build_tiny(
+    name: str, dtype: torch.dtype = torch.float32
+) -> tuple[transformers.PreTrainedModel, transformers.PreTrainedTokenizerFast]:
     """Random-init causal LM + byte tokenizer from a ``tiny:`` spec; deterministic by its seed, and the same
     model in every dtype: initialised in float32, then cast (transformers versions differ in whether an init in
     bf16 draws the same numbers: 5.17 does not, so a bf16 tiny model there was another model)."""
