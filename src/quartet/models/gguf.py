@@ -104,7 +104,7 @@ def cache_entry(source: ModelSource, dtype: torch.dtype) -> Path | None:
 
 
 def _read_entry(entry: Path, source: ModelSource, dtype: torch.dtype):
-    tokenizer = _read_entry_tokenizer(entry, source)
+    tokenizer = load_gguf_tokenizer(source)  # once per process, from a cache entry where there is one
     model = transformers.AutoModelForCausalLM.from_pretrained(entry, dtype=dtype, local_files_only=True)
     model.name_or_path = model.config._name_or_path = str(source.path)  # the file's, as a conversion gives it
     return model, tokenizer
