@@ -16,8 +16,13 @@ Per seed, read back from what the run wrote (nothing is recomputed):
 - findings: the doctor's findings during PPO (ppo/findings.jsonl), and the rules the PPO run was too short to judge;
 - RM: the reward model's held-out accuracy (split by prompt) and its calibration, bin by bin: a bin follows
   Bradley-Terry when the model's predicted accuracy lies in the 95% Wilson interval of the bin's observed accuracy;
+  raw margins, then margins over the rm stage's temperature ("/T": each half of the held-out prompts over the T
+  fitted on the other half, so no pair is judged by a T fitted on it);
 - relevance (where the task has an on-task signal): the policy's mean against the baseline's CI: a fall below its lower
   bound is a fall beyond the CI;
+- RM against gold: on the baseline's eval answers (eval/samples.jsonl), the share of same-prompt pairs with a gold
+  gap over 0.1 that the reward model orders as gold does, among on-topic pairs (both relevance >= 0.2), and the
+  RM-gold correlation: what the held-out accuracy, which is mostly the relevance gate on the demo, does not show;
 - KL to the baseline, length, and seconds per stage (summary.md).
 A seed already run under --out is read again, not rerun (delete its folder to redo). Prints the table (markdown) and
 writes it with every number to <out>/seeds.json.
@@ -93,14 +98,10 @@ def stage_seconds(out: Path) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^- (\w+): ([\d.]+) s$", part, re.M)}
 
 
-def calibration(out: Path) -> dict | None:
-    """The reward model's held-out accuracy and its bins against Bradley-Terry, from rm/calibration.json."""
-    path = out / "rm" / "calibration.json"
-    if not path.is_file():
-        return None
-    held = json.loads(path.read_text(encoding="utf-8"))["eval"]
+def bins_against_bt(table: list[dict]) -> tuple[list[dict], int, int]:
+    """(bins with their 95% Wilson interval, bins whose Bradley-Terry prediction lies inside it, bins with pairs)."""
     bins = []
-    for b in held.get("calibration", []):
+    for b in table:
         n = int(b["count"])
         if not n:  # an empty bin: its accuracy is NaN, and nothing to compare
             bins.append({**b, "lo": None, "hi": None, "follows_bt": False})
@@ -108,8 +109,76 @@ def calibration(out: Path) -> dict | None:
         lo, hi = wilson_interval(round(b["accuracy"] * n), n)
         bins.append({**b, "lo": lo, "hi": hi, "follows_bt": lo <= b["predicted"] <= hi})
     used = [b for b in bins if b["count"]]
-    return {"accuracy": held["accuracy"], "bins": bins,
-            "bins_following_bt": sum(b["follows_bt"] for b in used), "bins_with_pairs": len(used)}
+    return bins, sum(b["follows_bt"] for b in used), len(used)
+
+
+def calibration(out: Path) -> dict | None:
+    """The reward model's held-out accuracy and its bins against Bradley-Terry, from rm/calibration.json: the raw
+    margins', and (runs that fitted one) the margins over the temperature, each half of the held-out prompts over
+    the T fitted on the other half."""
+    path = out / "rm" / "calibration.json"
+    if not path.is_file():
+        return None
+    held = json.loads(path.read_text(encoding="utf-8"))["eval"]
+    bins, follow, used = bins_against_bt(held.get("calibration", []))
+    result = {"accuracy": held["accuracy"], "bins": bins, "bins_following_bt": follow, "bins_with_pairs": used,
+              "temperature": held.get("temperature")}
+    if held.get("calibration_scaled"):
+        bins, follow, used = bins_against_bt(held["calibration_scaled"])
+        result["scaled"] = {"bins": bins, "bins_following_bt": follow, "bins_with_pairs": used,
+                            "fold_temperatures": held.get("fold_temperatures")}
+    return result
+
+
+ON_TOPIC = 0.2
+"""relevance both answers of a pair need to count as on-topic in `rm_against_gold` (the demo judge's gate pays
+full sentiment from 0.2 up)"""
+
+
+def rm_against_gold(out: Path, baseline: str, on_topic: float = ON_TOPIC) -> dict | None:
+    """How the reward model orders the baseline's eval answers against the gold judge, from eval/samples.jsonl:
+    pairs of answers to one prompt whose gold scores differ by more than 0.1, the share the reward model orders
+    the same way, over all such pairs and over the on-topic ones (both answers' relevance >= `on_topic`, where the
+    task has a relevance signal); and the Pearson correlation of RM and gold over the answers. The held-out
+    accuracy is measured against the label judge on the label stage's answers; this is against the gold judge on
+    unseen prompts, the answers PPO starts from (issue 40: it found what the held-out number hid)."""
+    path = out / "eval" / "samples.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    rows = [r for r in rows if r.get("checkpoint") == baseline and r.get("rm") is not None
+            and r.get("gold") is not None]
+    if len(rows) < 3:
+        return None
+    by_prompt: dict = {}
+    for r in rows:
+        by_prompt.setdefault(r["prompt_index"], []).append(r)
+    agree = {"all": [], "on_topic": []}
+    for group in by_prompt.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if abs(a["gold"] - b["gold"]) <= 0.1:
+                    continue
+                same = (a["rm"] - b["rm"]) * (a["gold"] - b["gold"]) > 0
+                agree["all"].append(same)
+                rel = (a.get("relevance"), b.get("relevance"))
+                if None not in rel and min(rel) >= on_topic:
+                    agree["on_topic"].append(same)
+    rm, gold = [r["rm"] for r in rows], [r["gold"] for r in rows]
+    return {"pairs": len(agree["all"]), "agree": _share(agree["all"]),
+            "on_topic_pairs": len(agree["on_topic"]), "on_topic_agree": _share(agree["on_topic"]),
+            "corr": _pearson(rm, gold), "answers": len(rows)}
+
+
+def _share(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
+
+
+def _pearson(x: list[float], y: list[float]) -> float | None:
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
 
 
 def read_seed(seed: int, out: Path, wall: float) -> dict:
@@ -132,7 +201,7 @@ def read_seed(seed: int, out: Path, wall: float) -> dict:
         "gold_baseline": b["gold"], "gold_policy": p["gold"], "gain": diff,
         "gain_ci_excludes_0": diff["lo"] > 0, "win_rate": p["win_rate"],
         "findings": findings, "too_short": unjudged_run(out / "ppo") if (out / "ppo" / "metrics.jsonl").is_file() else [],
-        "rm": calibration(out), "relevance": relevance,
+        "rm": calibration(out), "rm_vs_gold": rm_against_gold(out, base), "relevance": relevance,
         "kl": p["kl"]["mean"], "length": p["length"]["mean"], "length_baseline": b["length"]["mean"],
         "stage_seconds": stage_seconds(out), "wall_seconds": wall,
     }
@@ -145,12 +214,22 @@ def ci(d: dict) -> str:
 def table(rows: list[dict]) -> str:
     """The markdown table, one row per seed, then the counts the recipe is judged by."""
     lines = ["| seed | baseline gold | policy gold | gain [95% CI] | win | findings | RM acc | RM bins ~ BT | "
-             "relevance (base -> policy) | KL | length | seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "RM orders gold (on-topic pairs), corr | relevance (base -> policy) | KL | length | seconds |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         rm = r["rm"]
         rm_acc = f"{rm['accuracy']:.3f}" if rm else "-"
-        rm_bt = f"{rm['bins_following_bt']}/{rm['bins_with_pairs']}" if rm else "-"
+        rm_bt = "-"
+        if rm:
+            rm_bt = f"{rm['bins_following_bt']}/{rm['bins_with_pairs']}"
+            if rm.get("scaled"):
+                sc = rm["scaled"]
+                rm_bt += f", /T {sc['bins_following_bt']}/{sc['bins_with_pairs']} (T {rm['temperature']:.2f})"
+        vs = r.get("rm_vs_gold")
+        rm_gold = "-"
+        if vs:
+            on = f"{vs['on_topic_agree']:.2f} ({vs['on_topic_pairs']})" if vs["on_topic_agree"] is not None else "-"
+            rm_gold = f"{on}, {vs['corr']:.2f}" if vs["corr"] is not None else on
         rel = "-"
         if r["relevance"]:
             rel = (f"{r['relevance']['baseline']['mean']:.3f} -> {r['relevance']['policy']['mean']:.3f}"
@@ -158,7 +237,7 @@ def table(rows: list[dict]) -> str:
         secs = r["stage_seconds"]
         lines.append(
             f"| {r['seed']} | {r['gold_baseline']['mean']:.3f} | {r['gold_policy']['mean']:.3f} | {ci(r['gain'])} "
-            f"| {r['win_rate']:.2f} | {', '.join(r['findings']) or 'none'} | {rm_acc} | {rm_bt} | {rel} "
+            f"| {r['win_rate']:.2f} | {', '.join(r['findings']) or 'none'} | {rm_acc} | {rm_bt} | {rm_gold} | {rel} "
             f"| {r['kl']:.2f} | {r['length_baseline']:.1f} -> {r['length']:.1f} "
             f"| {secs.get('total', sum(secs.values())):.0f} |")
     n = len(rows)
@@ -172,8 +251,17 @@ def table(rows: list[dict]) -> str:
     if rms:
         good = sum(rm["accuracy"] >= 0.75 for rm in rms)
         bt = sum(rm["bins_following_bt"] == rm["bins_with_pairs"] for rm in rms)
-        lines.append(f"- RM held-out accuracy >= 0.75: {good}/{len(rms)}; every bin follows Bradley-Terry: "
-                     f"{bt}/{len(rms)}")
+        line = (f"- RM held-out accuracy >= 0.75: {good}/{len(rms)}; every bin follows Bradley-Terry: "
+                f"{bt}/{len(rms)} raw")
+        scaled = [rm["scaled"] for rm in rms if rm.get("scaled")]
+        if scaled:
+            line += (f", {sum(sc['bins_following_bt'] == sc['bins_with_pairs'] for sc in scaled)}/{len(scaled)} "
+                     f"over the temperature (each half of the held-out prompts over the other half's T)")
+        lines.append(line)
+    vs = [r["rm_vs_gold"] for r in rows if r.get("rm_vs_gold") and r["rm_vs_gold"]["on_topic_agree"] is not None]
+    if vs:
+        lines.append(f"- RM orders the baseline's on-topic answers as gold does: mean "
+                     f"{sum(v['on_topic_agree'] for v in vs) / len(vs):.3f} over {len(vs)} seed(s)")
     rel = [r for r in rows if r["relevance"]]
     if rel:
         lines.append(f"- relevance not below the baseline's CI: {sum(not r['relevance']['falls_beyond_ci'] for r in rel)}"

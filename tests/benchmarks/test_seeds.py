@@ -4,6 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from quartet.annotate.agreement import wilson_interval
@@ -54,6 +55,42 @@ def test_a_bin_follows_bradley_terry_when_its_prediction_is_inside_the_wilson_in
     assert (cal["bins_following_bt"], cal["bins_with_pairs"], cal["accuracy"]) == (1, 2, 0.78)
 
 
+def test_the_bins_over_the_temperature_are_read_and_counted_beside_the_raw_ones(seeds, tmp_path):
+    run = write_run(tmp_path / "s0", 0.1, [(10, 0.6, 0.95)])
+    path = run / "rm" / "calibration.json"
+    held = json.loads(path.read_text())
+    held["eval"] |= {"temperature": 2.5, "fold_temperatures": [2.4, 2.6],
+                     "calibration_scaled": [{"margin": "bin0", "count": 10, "accuracy": 0.6, "predicted": 0.7}]}
+    path.write_text(json.dumps(held))
+    cal = seeds.calibration(run)
+    assert (cal["bins_following_bt"], cal["scaled"]["bins_following_bt"], cal["temperature"]) == (0, 1, 2.5)
+    text = seeds.table([seeds.read_seed(0, run, 0.0)])
+    assert "| 0/1, /T 1/1 (T 2.50) |" in text
+    assert "every bin follows Bradley-Terry: 0/1 raw, 1/1 over the temperature" in text
+
+
+def test_the_reward_model_against_gold_on_the_baselines_answers_by_hand(seeds, tmp_path):
+    run = write_run(tmp_path / "s0", 0.1, None)
+
+    def row(prompt, gold, rm, relevance, checkpoint="sft/model"):
+        return json.dumps({"checkpoint": checkpoint, "prompt_index": prompt, "gold": gold, "rm": rm,
+                           "relevance": relevance}) + "\n"
+
+    (run / "eval" / "samples.jsonl").write_text("".join([
+        # prompt 0: gold 0.9 > 0.5 > 0.0; the RM orders (a, b) right, (a, c) right, (b, c) wrong; c is off-topic
+        row(0, 0.9, 2.0, 0.5), row(0, 0.5, 1.0, 0.3), row(0, 0.0, 1.5, 0.1),
+        # prompt 1: gold gap 0.05 is a tie (left out)
+        row(1, 0.30, 0.0, 0.5), row(1, 0.35, 1.0, 0.5),
+        row(0, -1.0, 9.0, 0.9, checkpoint="ppo/model"),  # the policy's answers do not count
+    ]))
+    vs = seeds.rm_against_gold(run, "sft/model")
+    assert (vs["pairs"], vs["agree"]) == (3, pytest.approx(2 / 3))
+    assert (vs["on_topic_pairs"], vs["on_topic_agree"]) == (1, 1.0)  # only (a, b) has both answers >= 0.2
+    rm, gold = [2.0, 1.0, 1.5, 0.0, 1.0], [0.9, 0.5, 0.0, 0.30, 0.35]
+    assert vs["corr"] == pytest.approx(float(np.corrcoef(rm, gold)[0, 1]))
+    assert "| 1.00 (1), " in seeds.table([seeds.read_seed(0, run, 0.0)])
+
+
 def test_a_seed_reads_gain_findings_relevance_and_seconds(seeds, tmp_path):
     row = seeds.read_seed(0, write_run(tmp_path / "s0", -0.01, None, ["kl_blowup"], relevance_policy=0.30), 12.0)
     assert row["gain"] == _ci(0.27, -0.01, 0.39) and not row["gain_ci_excludes_0"]
@@ -67,7 +104,8 @@ def test_the_table_counts_what_the_recipe_is_judged_by(seeds, tmp_path):
             seeds.read_seed(1, write_run(tmp_path / "b", -0.02, [(10, 0.6, 0.95)], ["kl_blowup"]), 0.0)]
     text = seeds.table(rows)
     assert "gain's CI excludes 0: 1/2; no findings: 1/2" in text
-    assert "RM held-out accuracy >= 0.75: 2/2; every bin follows Bradley-Terry: 1/2" in text
+    assert "RM held-out accuracy >= 0.75: 2/2; every bin follows Bradley-Terry: 1/2 raw" in text
+    assert "over the temperature" not in text  # runs from before the temperature: raw bins only
     assert "relevance not below the baseline's CI: 2/2" in text
     assert text.count("\n| ") == 2  # one row per seed under the header
     assert "too short" not in text

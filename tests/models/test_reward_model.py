@@ -75,9 +75,10 @@ def test_truncation_keeps_the_end():
 def test_save_reward_model_reloads_with_plain_transformers(tmp_path):
     rm = load_reward_model(TINY)
     rm.set_normalization(0.25, 3.0)
+    rm.set_temperature(1.5)
     out = save_reward_model(rm, tmp_path / "rm")
     meta = json.loads((out / "quartet_reward.json").read_text())
-    assert meta == {"mean": 0.25, "std": 3.0, "backbone": TINY}
+    assert meta == {"mean": 0.25, "std": 3.0, "temperature": 1.5, "backbone": TINY}
     plain = AutoModelForSequenceClassification.from_pretrained(out)
     fit_attention_to_shape(plain)  # the kernel our loader picks (models/attention.py): same arithmetic
     enc = _padded(rm.tokenizer, TEXTS, "right")
@@ -87,8 +88,19 @@ def test_save_reward_model_reloads_with_plain_transformers(tmp_path):
     assert torch.equal(ours, theirs)
     again = load_reward_model(str(out))
     assert again.score_texts(TEXTS) == pytest.approx(rm.score_texts(TEXTS), abs=1e-6)
-    assert float(again.mean) == 0.25 and float(again.std) == 3.0
+    assert float(again.mean) == 0.25 and float(again.std) == 3.0 and again.temperature == 1.5
     assert again.tokenizer.truncation_side == "left"
+    # P(a > b) from normalised scores: the raw margin std * (s_a - s_b) = 3 * 0.5 over T = 1.5 -> sigmoid(1)
+    p = again.preference_probability(torch.tensor([0.5, 0.0]), torch.tensor([0.0, 0.0]))
+    torch.testing.assert_close(p, torch.tensor([1 / (1 + math.exp(-1.0)), 0.5]))
+    with pytest.raises(ModelError, match="T > 0"):
+        again.set_temperature(0.0)
+    # a record written before temperatures were fitted reads T = 1; a bad one is one error naming the file
+    (out / "quartet_reward.json").write_text(json.dumps({"mean": 0.25, "std": 3.0, "backbone": TINY}))
+    assert load_reward_model(str(out)).temperature == 1.0
+    (out / "quartet_reward.json").write_text(json.dumps({"mean": 0.25, "std": 3.0, "temperature": -1}))
+    with pytest.raises(ModelError, match="quartet_reward.json: reward temperature"):
+        load_reward_model(str(out))
 
 
 def test_lora_reward_model_is_saved_merged(tmp_path):

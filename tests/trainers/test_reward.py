@@ -22,6 +22,7 @@ from trainer_helpers import (  # noqa: F401
 from quartet.config import DataConfig, RewardConfig, from_dict, load_config
 from quartet.data import load_samples, render_conversation
 from quartet.errors import QuartetError
+from quartet.eval.calibration import T_RANGE, fit_temperature
 from quartet.models import load_reward_model
 from quartet.pipeline import load_pipeline
 from quartet.trainers.loop import split_train_eval
@@ -63,6 +64,34 @@ def test_scores_over_length_sorted_chunks_equal_one_forward_and_its_gradient(bac
         torch.testing.assert_close(chunked[2][name], g, rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("backbone", ["causal", "encoder"])
+def test_a_sequence_met_in_several_pairs_is_scored_once_with_the_gradient_of_every_row(backbone, tiny_bert_dir):
+    """One prompt's K = 4 answers in all 6 pairs: 12 rows, 4 distinct, 4 rows forwarded; scores and the gradient
+    equal one forward over all 12 rows."""
+    rm = load_reward_model(tiny_bert_dir if backbone == "encoder" else TINY)
+    answers = [[5, 6] + [9] * i for i in range(1, 5)]  # 3..6 tokens, one prompt's answers
+    rows = [(answers[i], answers[j], 0.0) for i in range(4) for j in range(i + 1, 4)]
+    batch = _Collate(rm.tokenizer.pad_token_id)(rows)
+    forwarded = []
+    hook = rm.register_forward_hook(lambda module, args, out: forwarded.append(args[0].shape[0]))
+    rm.zero_grad()
+    c, r = _scores(rm, batch)
+    bradley_terry_loss(c, r).backward()
+    hook.remove()
+    grads = {n: p.grad.clone() for n, p in rm.named_parameters() if p.grad is not None}
+    assert sum(forwarded) == 4
+
+    rm.zero_grad()
+    every = rm(batch["input_ids"], batch["attention_mask"])
+    bradley_terry_loss(every[:6], every[6:]).backward()
+    torch.testing.assert_close(c.detach(), every[:6].detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(r.detach(), every[6:].detach(), rtol=1e-5, atol=1e-6)
+    assert len(grads) > 2
+    for name, p in rm.named_parameters():
+        if p.grad is not None:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def make_cfg(tmp_path, n=200, **overrides) -> RewardConfig:
     data = write_jsonl(tmp_path / "pairs.jsonl", keyword_pairs(n))
     base = {
@@ -97,12 +126,24 @@ def test_rm_learns_a_known_rule_and_writes_the_run_dir(tmp_path):
     keys = set().union(*records)
     assert {"rm/loss", "rm/accuracy", "rm/margin", "rm/eval_accuracy", "rm/eval_margin"} <= keys
     calibration = json.loads((run / "calibration.json").read_text())
-    assert sum(b["count"] for b in calibration["eval"]["calibration"]) == 40
+    held = calibration["eval"]
+    assert sum(b["count"] for b in held["calibration"]) == 40
+    # the temperature: fitted on the held-out margins, checked half against half (each half's margins over the
+    # other's T) and saved with the model. T scales with the margins (fit_temperature(d / c) = T / c), and the
+    # trainer's margins come from its bf16 autocast where the CPU has bf16 (8-bit mantissa: <= 2^-8 relative per
+    # value) while the reload scores in fp32, so T agrees to 1e-2 there and to batching's ~1e-6 in fp32
+    margins = torch.tensor(_held_out_margins(result))
+    assert held["temperature"] == pytest.approx(fit_temperature(margins), rel=1e-2)
+    assert T_RANGE[0] < held["temperature"] < T_RANGE[1]  # all 40 ordered right: Laplace keeps T finite
+    assert len(held["fold_temperatures"]) == 2 and sum(b["count"] for b in held["calibration_scaled"]) == 40
+    assert math.isfinite(held["nll_scaled"]) and held["nll"] > 0
     summary = (run / "summary.md").read_text()
     assert "calibration" in summary and "normalize_policy is not set" in summary
+    assert "calibration with the temperature" in summary and "Bradley-Terry temperature T" in summary
 
     # normalised on the training responses: reloaded, they score mean 0, std 1 (unbiased std, as torch)
     rm = load_reward_model(str(result.model_dir))
+    assert rm.temperature == pytest.approx(held["temperature"])
     from quartet.data.schemas import PreferenceExample
 
     train, _ = split_train_eval([PreferenceExample(**r) for r in keyword_pairs(200)], 0.2, seed=0)  # as the trainer
@@ -111,6 +152,17 @@ def test_rm_learns_a_known_rule_and_writes_the_run_dir(tmp_path):
     scores = rm.score_texts(texts)
     assert statistics.fmean(scores) == pytest.approx(0.0, abs=1e-3)
     assert statistics.stdev(scores) == pytest.approx(1.0, abs=1e-2)
+
+
+def _held_out_margins(result) -> list[float]:
+    """The saved model's raw margins on the held-out pairs of make_cfg's data, split as the trainer splits."""
+    from quartet.data.schemas import PreferenceExample
+
+    rm = load_reward_model(str(result.model_dir))
+    _, held = split_train_eval([PreferenceExample(**r) for r in keyword_pairs(200)], 0.2, seed=0)
+    raw = {side: torch.tensor(rm.score_texts([render_conversation(rm.tokenizer, r.prompt, getattr(r, side))
+                                              for r in held])) * rm.std + rm.mean for side in ("chosen", "rejected")}
+    return (raw["chosen"] - raw["rejected"]).tolist()
 
 
 def test_normalize_policy_gives_policy_answers_mean_0_std_1(tmp_path):

@@ -150,7 +150,8 @@ class RewardConfig:
     group_by_prompt: bool = False
     """keep all pairs of one prompt in one batch, each prompt weighing the same in the loss (InstructGPT sec. 3.5: the
     K(K-1)/2 comparisons of one ranking, shuffled apart into different batches, made the RM overfit in one epoch);
-    batch_size then caps the pairs per batch, and a prompt with more pairs is a batch of its own"""
+    batch_size then caps the pairs per batch, and a prompt with more pairs is a batch of its own. It is also faster:
+    an answer in several of its prompt's pairs is scored once per batch (K forwards for K(K-1)/2 pairs)"""
     normalize_policy: str | None = None
     """after training, shift/scale the head so this policy's responses score mean 0, std 1"""
     normalize_prompts: DataConfig | None = None

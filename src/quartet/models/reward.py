@@ -69,6 +69,8 @@ class RewardModel(nn.Module):
         self.register_buffer("mean", torch.tensor(0.0))
         self.register_buffer("std", torch.tensor(1.0))
         self.set_normalization(mean, std)
+        # Bradley-Terry temperature in raw units, P(a > b) = sigmoid((raw_a - raw_b) / T); `quartet rm` fits it
+        self.temperature = 1.0
         # truncate the start, keeping the end of the response; pad right: encoders read position 0
         # (causal models work either way: they score the last non-pad token)
         set_tokenizer_sides(tokenizer, padding="right", truncation="left")
@@ -85,6 +87,17 @@ class RewardModel(nn.Module):
             )
         self.mean.fill_(mean)
         self.std.fill_(std)
+
+    def set_temperature(self, temperature: float) -> None:
+        temperature = float(temperature)
+        if not math.isfinite(temperature) or temperature <= 0:
+            raise ModelError(f"reward temperature: need a finite T > 0, got {temperature}")
+        self.temperature = temperature
+
+    def preference_probability(self, scores_a: torch.Tensor, scores_b: torch.Tensor) -> torch.Tensor:
+        """P(a preferred to b) from two normalised scores (what `forward` returns): sigmoid(std (s_a - s_b) / T),
+        the raw margin over the fitted temperature."""
+        return torch.sigmoid((scores_a - scores_b) * self.std / self.temperature)
 
     def raw_scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """(B,) the classifier's output before normalisation."""
@@ -158,10 +171,15 @@ def load_reward_model(
             try:
                 meta = json.loads(meta_path.read_text(encoding="utf-8"))
                 mean, std, backbone = float(meta["mean"]), float(meta["std"]), str(meta.get("backbone", ""))
+                temperature = float(meta.get("temperature", 1.0))  # 1: written before temperatures were fitted
             except (ValueError, KeyError, TypeError) as e:
                 raise ModelError(f"{meta_path}: not a valid reward-model record ({_first_line(e)})") from None
             rm = _load_seq_cls_dir(name, source.path, dtype, False, trust_remote_code, backbone=backbone)
             rm.set_normalization(mean, std)
+            try:
+                rm.set_temperature(temperature)
+            except ModelError as e:
+                raise ModelError(f"{meta_path}: {e}") from None
             return rm
         config = read_config_json(source.path)
         archs = config.get("architectures") or []
@@ -285,7 +303,7 @@ def save_reward_model(rm: RewardModel, out_dir: str | os.PathLike, card=None) ->
     with atomic_dir(out_dir) as tmp:
         save_pretrained_clean(merged_copy(rm.model), tmp)
         rm.tokenizer.save_pretrained(tmp)
-        meta = {"mean": float(rm.mean), "std": float(rm.std), "backbone": rm.backbone}
+        meta = {"mean": float(rm.mean), "std": float(rm.std), "temperature": rm.temperature, "backbone": rm.backbone}
         (tmp / REWARD_META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         if card is not None:
             (tmp / "README.md").write_text(card.render(), encoding="utf-8")

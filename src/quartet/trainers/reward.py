@@ -34,6 +34,7 @@ from quartet.data import (
     right_pad,
 )
 from quartet.errors import DataError, ModelError
+from quartet.eval.calibration import BUCKETS, bt_nll, calibration_table, cross_fitted, fit_temperature
 from quartet.models import apply_lora, load_causal_lm, load_reward_model, save_reward_model
 from quartet.models.card import stage_card
 from quartet.models.loading import check_context
@@ -45,8 +46,6 @@ from quartet.trainers import loop, sharding
 from quartet.trainers.callbacks import CallbackHandler, check_callbacks
 
 log = logging.getLogger("quartet")
-BUCKETS = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)
-"""edges of the |r_c - r_r| buckets of the calibration table (in raw Bradley-Terry units)"""
 
 
 @dataclass
@@ -61,6 +60,16 @@ class RewardEval:
     rejected_std: float
     calibration: list[dict]
     """per |margin| bucket: count, accuracy, and the accuracy Bradley-Terry predicts (mean sigmoid|margin|)"""
+    nll: float
+    """Bradley-Terry's mean -log sigmoid(r_c - r_r) on these pairs"""
+    temperature: float = 1.0
+    """T fitted on all these pairs: sigmoid((r_c - r_r) / T) is the calibrated P(chosen > rejected)"""
+    fold_temperatures: list[float] | None = None
+    """the T fitted on each half of the pairs (split by prompt), each applied to the other half"""
+    calibration_scaled: list[dict] | None = None
+    """the calibration table of the margins divided by the other half's T: an out-of-sample check of T"""
+    nll_scaled: float | None = None
+    """the mean -log sigmoid of those cross-fitted margins"""
 
 
 @dataclass
@@ -121,6 +130,7 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
     else:
         train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
     eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
+    eval_groups = loop.prompt_groups(eval_ex)
     total = loop.count_update_steps(len(train_loader), cfg.grad_accum, cfg.epochs, cfg.max_steps)
     optimizer, scheduler = loop.make_optimizer(rm, cfg.optim, total, accelerator.num_processes)
     rm, optimizer, train_loader, scheduler = accelerator.prepare(rm, optimizer, train_loader, scheduler)
@@ -132,12 +142,12 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
         save_config(cfg, run_dir / "config.yaml")
         metrics = MetricsLogger(run_dir, "rm", tracking=cfg.tracking, params=cfg)
         try:
-            first = evaluate(rm, eval_loader) if eval_rows else None
+            first = evaluate(rm, eval_loader, eval_groups) if eval_rows else None
             if first:
                 metrics.log(0, {"rm/eval_accuracy": first.accuracy, "rm/eval_margin": first.margin})
             timer = loop.Timer()
-            train_loss, final, steps = _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator,
-                                              metrics, total, events)
+            train_loss, final, steps = _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, eval_groups,
+                                              accelerator, metrics, total, events)
             seconds = timer.seconds
         finally:
             metrics.close()
@@ -145,8 +155,10 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
         rm = accelerator.unwrap_model(rm, keep_fp32_wrapper=False)
         mean, std, normalized_on = _normalization(cfg, rm, train_ex, norm_prompts, norm_answers, max_len)
         rm.set_normalization(mean, std)
+        rm.set_temperature(final.temperature if final else 1.0)
         if accelerator.is_main_process:  # the one writer (other processes' run_dir is thrown away)
-            held = {"eval accuracy": final.accuracy, "eval margin": final.margin} if final else {}
+            held = {"eval accuracy": final.accuracy, "eval margin": final.margin,
+                    "Bradley-Terry temperature": final.temperature} if final else {}
             card = stage_card("rm", cfg, {"train loss": train_loss, **held, "optimizer steps": steps},
                               precision=loop.precision_name(cfg.precision))
             save_reward_model(rm, run_dir / "model", card=card)
@@ -188,7 +200,7 @@ def group_weights(groups: list) -> torch.Tensor:
     return torch.tensor([1.0 / (len(sizes) * sizes[g]) for g in groups], dtype=torch.float32)
 
 
-def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator, metrics, total, events):
+def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, eval_groups, accelerator, metrics, total, events):
     """Micro-batches -> accumulate -> step; log every log_every, held-out pass every eval_every. A callback that
     asks to stop makes the current step the last. Returns (train loss, held-out eval, steps taken)."""
     step, window, final, shown = 0, [], None, {}
@@ -229,7 +241,7 @@ def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator
             shown |= metrics.log(step, logs)
             events.log(step, logs)
         if len(eval_loader) and (step % cfg.eval_every == 0 or last):
-            final = evaluate(rm, eval_loader)
+            final = evaluate(rm, eval_loader, eval_groups)
             logs = {"rm/eval_accuracy": final.accuracy, "rm/eval_margin": final.margin}
             shown |= metrics.log(step, logs)
             events.log(step, logs)
@@ -246,34 +258,45 @@ def _train(cfg, rm, optimizer, scheduler, train_loader, eval_loader, accelerator
 
 
 CHUNK_ROWS = 8
-"""Rows per forward: the 2B sequences of a batch go through the model in chunks of similar length."""
+"""Rows per forward: the distinct sequences of a batch go through the model in chunks of similar length."""
 
 
 def _scores(rm, batch, chunk_rows: int | None = None):
     """(r_chosen, r_rejected), each (B,), over the 2B stacked right-padded sequences.
 
-    Forwards run on chunks of `chunk_rows` rows in order of length, each cut to its longest row: the padding a
-    batch pays for is its chunks' and not its longest sequence's (on the demo's pairs 23% fewer tokens than one
-    forward over the batch). Right padding ends every row, so a cut loses nothing but padding; one loss and one
-    backward over all the chunks then give the batch's gradient.
+    A sequence that occurs more than once in the batch is scored once: with a prompt's K answers in one batch
+    (group_by_prompt) its C(K, 2) pairs need K forwards, not 2 C(K, 2) (InstructGPT's reason for that batching);
+    autograd sums the gradient over its occurrences, so the loss and its gradient are those of scoring every row.
+    Forwards run on chunks of `chunk_rows` distinct rows in order of length, each cut to its longest row: the
+    padding a batch pays for is its chunks' and not its longest sequence's (on the demo's pairs 23% fewer tokens
+    than one forward over the batch). Right padding ends every row, so a cut loses nothing but padding.
+    Under DDP every process must run as many forwards as the others (each one syncs buffers), so rows are not
+    deduplicated there.
     """
     device = next(rm.parameters()).device  # a held-out loader is not prepared: its batches come on the CPU
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    if isinstance(rm, torch.nn.parallel.DistributedDataParallel):
+        inverse = torch.arange(ids.shape[0], device=device)
+    else:
+        rows, inverse = torch.unique(torch.cat([ids, mask.to(ids.dtype)], 1), dim=0, return_inverse=True)
+        ids, mask = rows[:, : ids.shape[1]], rows[:, ids.shape[1] :]
     chunk_rows = chunk_rows or CHUNK_ROWS
     lengths = mask.sum(1)
     order = torch.argsort(lengths, stable=True)
     parts = []
-    for rows in order.split(chunk_rows):
-        cut = max(int(lengths[rows].max()), 1)
-        parts.append(rm(ids[rows, :cut], mask[rows, :cut]))
-    r = torch.cat(parts)[torch.argsort(order)]
+    for chunk in order.split(chunk_rows):
+        cut = max(int(lengths[chunk].max()), 1)
+        parts.append(rm(ids[chunk, :cut], mask[chunk, :cut]))
+    r = torch.cat(parts)[torch.argsort(order)][inverse]
     n = r.shape[0] // 2
     return r[:n], r[n:]
 
 
 @torch.no_grad()
-def evaluate(rm, loader) -> RewardEval:
-    """Held-out accuracy, margin, reward mean/std per side, and calibration per |margin| bucket."""
+def evaluate(rm, loader, groups: list | None = None) -> RewardEval:
+    """Held-out accuracy, margin, reward mean/std per side, calibration per |margin| bucket, and the temperature
+    that calibrates the margins. `groups`: each pair's prompt, in the loader's order (unshuffled); the temperature
+    check is cross-fitted over two halves by prompt (quartet.eval.calibration)."""
     rm.eval()
     chosen, rejected = [], []
     for batch in loader:
@@ -282,25 +305,21 @@ def evaluate(rm, loader) -> RewardEval:
         rejected.append(r.float())
     c, r = torch.cat(chosen), torch.cat(rejected)
     diff = c - r
-    correct = (diff > 0).float()
-    table = []
-    for lo, hi in zip(BUCKETS[:-1], BUCKETS[1:]):
-        inside = (diff.abs() >= lo) & (diff.abs() < hi)
-        n = int(inside.sum())
-        table.append({
-            "margin": f"[{lo:g}, {hi:g})",
-            "count": n,
-            "accuracy": float(correct[inside].mean()) if n else float("nan"),
-            "predicted": float(torch.sigmoid(diff.abs()[inside]).mean()) if n else float("nan"),
-        })
+    temperature = fit_temperature(diff)
+    scaled, fold_temps = cross_fitted(diff, groups if groups is not None else list(range(len(diff))))
     return RewardEval(
-        accuracy=float(correct.mean()),
+        accuracy=float((diff > 0).float().mean()),
         margin=float(diff.mean()),
         chosen_mean=float(c.mean()),
         chosen_std=float(c.std()) if len(c) > 1 else 0.0,
         rejected_mean=float(r.mean()),
         rejected_std=float(r.std()) if len(r) > 1 else 0.0,
-        calibration=table,
+        calibration=calibration_table(diff),
+        nll=bt_nll(diff),
+        temperature=temperature,
+        fold_temperatures=fold_temps or None,
+        calibration_scaled=calibration_table(scaled) if fold_temps else None,
+        nll_scaled=bt_nll(scaled) if fold_temps else None,
     )
 
 
@@ -432,6 +451,11 @@ def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_p
             "mean margin r_c - r_r": ev.margin,
             "chosen reward mean / std": f"{ev.chosen_mean:.3f} / {ev.chosen_std:.3f}",
             "rejected reward mean / std": f"{ev.rejected_mean:.3f} / {ev.rejected_std:.3f}",
+            "Bradley-Terry temperature T": f"{ev.temperature:.3g} (P(chosen > rejected) = sigmoid((r_c - r_r) / T); "
+                                           f"saved with the model)",
+            "BT log-loss raw -> / T": f"{ev.nll:.3f} -> " + (f"{ev.nll_scaled:.3f} (T cross-fitted by prompt halves: "
+                                      + ", ".join(f"{t:.3g}" for t in ev.fold_temperatures) + ")"
+                                      if ev.fold_temperatures else "- (one prompt: nothing to cross-fit)"),
         })
     lines = [loop.format_summary(
         f"reward model: {cfg.model}",
@@ -458,9 +482,18 @@ def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_p
     if ev is not None:
         lines += ["", "## calibration (held-out, by |r_c - r_r|)", "",
                   "| margin | pairs | accuracy | BT predicts |", "|---|---|---|---|"]
-        lines += [f"| {b['margin']} | {b['count']} | {loop.fmt(b['accuracy'])} | {loop.fmt(b['predicted'])} |"
-                  for b in ev.calibration]
+        lines += _calibration_rows(ev.calibration)
+        if ev.calibration_scaled is not None:
+            lines += ["", "## calibration with the temperature (held-out, by |r_c - r_r| / T, each half's margins "
+                      "divided by the T fitted on the other half)", "",
+                      "| margin / T | pairs | accuracy | BT predicts |", "|---|---|---|---|"]
+            lines += _calibration_rows(ev.calibration_scaled)
     return "\n".join(lines) + "\n"
+
+
+def _calibration_rows(table: list[dict]) -> list[str]:
+    return [f"| {b['margin']} | {b['count']} | {loop.fmt(b['accuracy'])} | {loop.fmt(b['predicted'])} |"
+            for b in table]
 
 
 def cli(args) -> int:
