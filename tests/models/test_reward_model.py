@@ -59,6 +59,8 @@ def test_score_texts_normalises_and_batches():
     rm.set_normalization(mean=1.5, std=2.0)
     norm = rm.score_texts(TEXTS, batch_size=32)
     assert norm == pytest.approx([(r - 1.5) / 2.0 for r in raw], abs=1e-5)
+    # batched by length (TEXTS are not in length order), each score comes back in its text's place
+    assert norm == pytest.approx([rm.score_texts([t])[0] for t in TEXTS], abs=1e-5)
     assert rm.score_texts([]) == []
     with pytest.raises(ModelError, match="std > 0"):
         rm.set_normalization(0.0, 0.0)
