@@ -305,8 +305,10 @@ def evaluate(rm, loader, groups: list | None = None) -> RewardEval:
         rejected.append(r.float())
     c, r = torch.cat(chosen), torch.cat(rejected)
     diff = c - r
-    temperature = fit_temperature(diff)
-    scaled, fold_temps = cross_fitted(diff, groups if groups is not None else list(range(len(diff))))
+    temperature, scaled, fold_temps = 1.0, diff, []
+    if bool(torch.isfinite(diff).all()):  # a diverged model: the trainer stops on its non-finite loss, one error line
+        temperature = fit_temperature(diff)
+        scaled, fold_temps = cross_fitted(diff, groups if groups is not None else list(range(len(diff))))
     return RewardEval(
         accuracy=float((diff > 0).float().mean()),
         margin=float(diff.mean()),
