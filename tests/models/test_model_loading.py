@@ -578,3 +578,23 @@ def test_precast_linears_lets_the_checkpoint_file_go(tmp_path):
     assert mapped()  # else this test shows nothing
     precast_linears(loaded.eval().requires_grad_(False), torch.bfloat16)
     assert not mapped()
+
+
+def test_no_init_builds_a_model_without_drawing_random_weights():
+    """A model whose weights are overwritten right away (an engine's sampling copy, a gathered save) is built with
+    no random draws: the global generator is where it was, and a tensor init function does nothing inside."""
+    import transformers
+
+    from quartet.models.loading import no_init
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=300)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    with no_init():
+        transformers.AutoModelForCausalLM.from_config(config)
+    assert torch.equal(torch.rand(3), expected)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config)  # outside it, initialisation draws
+    assert not torch.equal(torch.rand(3), expected)
