@@ -404,8 +404,8 @@ def hidden_size(model) -> int:
 
 def no_init():
     """Skip random initialisation of a model whose weights are overwritten right away (SmolLM2-135M: ~1.2 s of
-    normal_ and uniform_ per model built). Imported by name: the package's lazy module does not hold
-    `transformers.initialization` as an attribute, and reading it so made this a no-op until 2026-11-29."""
+    normal_ and uniform_ per model built). Imported by name: transformers' lazy package does not hold
+    `initialization` as an attribute until something imports it, so `getattr(transformers, ...)` finds nothing."""
     try:
         from transformers.initialization import no_init_weights
     except ImportError:  # a transformers without it: initialise, only slower
