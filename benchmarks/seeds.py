@@ -103,7 +103,7 @@ def bins_against_bt(table: list[dict]) -> tuple[list[dict], int, int]:
     bins = []
     for b in table:
         n = int(b["count"])
-        if not n:  # an empty bin: its accuracy is NaN, and nothing to compare
+        if not n:  # an empty bin: no accuracy, nothing to compare
             bins.append({**b, "lo": None, "hi": None, "follows_bt": False})
             continue
         lo, hi = wilson_interval(round(b["accuracy"] * n), n)

@@ -49,7 +49,7 @@ def test_a_bin_follows_bradley_terry_when_its_prediction_is_inside_the_wilson_in
     # 10 pairs, 6 right: Wilson 95% interval [0.313, 0.832]; 0.80 is inside it, 0.95 is not; an empty bin is skipped
     lo, hi = wilson_interval(6, 10)
     assert (round(lo, 3), round(hi, 3)) == (0.313, 0.832)
-    run = write_run(tmp_path / "s0", 0.1, [(10, 0.6, 0.80), (10, 0.6, 0.95), (0, float("nan"), 0.99)])
+    run = write_run(tmp_path / "s0", 0.1, [(10, 0.6, 0.80), (10, 0.6, 0.95), (0, None, None)])
     cal = seeds.calibration(run)
     assert [b["follows_bt"] for b in cal["bins"]] == [True, False, False]
     assert (cal["bins_following_bt"], cal["bins_with_pairs"], cal["accuracy"]) == (1, 2, 0.78)

@@ -3,6 +3,7 @@ cross-fit out of fold."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -26,7 +27,8 @@ def test_calibration_table_by_hand():
     assert by_bin["[0, 0.5)"]["accuracy"] == 0.5
     assert by_bin["[0, 0.5)"]["predicted"] == pytest.approx((1 / (1 + math.exp(-0.2)) + 1 / (1 + math.exp(-0.3))) / 2)
     assert by_bin["[2, 4)"]["accuracy"] == 1.0 and by_bin["[4, inf)"]["accuracy"] == 0.0
-    assert math.isnan(by_bin["[0.5, 1)"]["accuracy"])
+    assert by_bin["[0.5, 1)"]["accuracy"] is None and by_bin["[0.5, 1)"]["predicted"] is None
+    json.loads(json.dumps(table, allow_nan=False))  # strict JSON: an empty bin is null, not NaN
 
 
 def test_temperature_closed_form():

@@ -125,7 +125,8 @@ def test_rm_learns_a_known_rule_and_writes_the_run_dir(tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     keys = set().union(*records)
     assert {"rm/loss", "rm/accuracy", "rm/margin", "rm/eval_accuracy", "rm/eval_margin"} <= keys
-    calibration = json.loads((run / "calibration.json").read_text())
+    calibration = json.loads((run / "calibration.json").read_text(),  # strict JSON: no NaN or Infinity
+                             parse_constant=lambda c: pytest.fail(f"calibration.json holds {c}"))
     held = calibration["eval"]
     assert sum(b["count"] for b in held["calibration"]) == 40
     # the temperature: fitted on the held-out margins, checked half against half (each half's margins over the

@@ -28,7 +28,8 @@ T_RANGE = (0.05, 20.0)
 
 def calibration_table(margins: torch.Tensor) -> list[dict]:
     """Per |margin| bin of BUCKETS: the pairs in it, the share ordered right (margin > 0) and the share Bradley-Terry
-    predicts (mean sigmoid |margin|). `margins` (N,): r_chosen - r_rejected. Empty bins read NaN."""
+    predicts (mean sigmoid |margin|). `margins` (N,): r_chosen - r_rejected. Empty bins read None (null in
+    calibration.json: JSON has no NaN, and readers other than Python's refuse it)."""
     d = margins.double()
     correct = (d > 0).double()
     table = []
@@ -38,8 +39,8 @@ def calibration_table(margins: torch.Tensor) -> list[dict]:
         table.append({
             "margin": f"[{lo:g}, {hi:g})",
             "count": n,
-            "accuracy": float(correct[inside].mean()) if n else float("nan"),
-            "predicted": float(torch.sigmoid(d.abs()[inside]).mean()) if n else float("nan"),
+            "accuracy": float(correct[inside].mean()) if n else None,
+            "predicted": float(torch.sigmoid(d.abs()[inside]).mean()) if n else None,
         })
     return table
 

@@ -307,6 +307,8 @@ def format_summary(title: str, sections: dict[str, dict[str, object]]) -> str:
 
 
 def fmt(value) -> str:
+    if value is None:
+        return "n/a"
     if isinstance(value, float):
         if math.isnan(value):
             return "n/a"
