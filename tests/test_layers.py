@@ -19,7 +19,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # in its unit). The same table, with what each layer holds, is in docs/CONTRACTS.md.
 LAYERS: dict[str, int] = {
     "errors": 0,
-    "algo": 1, "atomic": 1, "quiet": 1, "allocator": 1, "handles": 1,
+    "algo": 1, "atomic": 1, "quiet": 1, "allocator": 1, "handles": 1, "batching": 1,
     "config": 2,
     "outputs": 3,
     "models": 4,

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from quartet.algo.positions import position_ids_from_mask
+from quartet.batching import by_length
 from quartet.errors import ConfigError, ModelError
 from quartet.judges.pairwise import PROMPT_VERSION, judge_messages
 from quartet.models.loading import context_length, load_causal_lm
@@ -182,10 +183,8 @@ class LocalLLMJudge:
         """`read(logprobs)` of every row, logprobs (b, V) float32 at the last position; rows batched
         by length, left-padded (here, as quartet.data.left_pad does: the data layer sits above the judges)."""
         out: list[float] = [0.0] * len(seqs)
-        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         pad = self.tokenizer.pad_token_id
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for idx in by_length(seqs, self.batch_size):
             width = max(len(seqs[i]) for i in idx)
             ids = torch.full((len(idx), width), pad, dtype=torch.long)  # (b, T)
             mask = torch.zeros((len(idx), width), dtype=torch.long)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from quartet.batching import by_length
 from quartet.errors import ModelError
 
 MAX_TOKENS = 256
@@ -46,10 +47,8 @@ class SentenceEncoder:
         if not texts:
             return torch.zeros(0, self.model.config.hidden_size)
         # texts of similar length share a batch, so little of each batch is padding
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = torch.empty(len(texts), self.model.config.hidden_size)
-        for start in range(0, len(order), self.batch_size):
-            idx = order[start : start + self.batch_size]
+        for idx in by_length(texts, self.batch_size):
             enc = self.tokenizer([texts[i] for i in idx], padding=True, truncation=True,
                                  max_length=self.max_tokens, return_tensors="pt")
             hidden = self.model(**enc).last_hidden_state  # (b, L, D)

@@ -27,6 +27,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from quartet.atomic import atomic_dir
+from quartet.batching import by_length
 from quartet.errors import ModelError
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import (
@@ -123,11 +124,9 @@ class RewardModel(nn.Module):
         self.eval()
         device = next(self.parameters()).device
         max_length = min(max_length, context_length(self.model) or max_length)  # past it, positions overflow
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         scores: list[float] = [0.0] * len(texts)
         try:
-            for start in range(0, len(order), batch_size):
-                idx = order[start : start + batch_size]
+            for idx in by_length(texts, batch_size):
                 enc = self.tokenizer(
                     [texts[i] for i in idx],
                     padding=True,
