@@ -15,7 +15,9 @@ Per seed, read back from what the run wrote (nothing is recomputed):
 - gain: the policy's gold minus the baseline's, paired over prompts, with its 95% bootstrap CI (eval.json);
 - findings: the doctor's findings during PPO (ppo/findings.jsonl), and the rules the PPO run was too short to judge;
 - RM: the reward model's held-out accuracy (split by prompt) and its calibration, bin by bin: a bin follows
-  Bradley-Terry when the model's predicted accuracy lies in the 95% Wilson interval of the bin's observed accuracy;
+  Bradley-Terry when the model's predicted accuracy lies in the bin's 95% interval: the rm stage's, with prompts as
+  the draws, where calibration.json has one (a prompt's pairs share answers: quartet.eval.calibration), else Wilson's
+  over its pairs; the count by Wilson's interval over the pairs is printed beside it;
   raw margins, then margins over the rm stage's temperature ("/T": each half of the held-out prompts over the T
   fitted on the other half, so no pair is judged by a T fitted on it);
 - relevance (where the task has an on-task signal): the policy's mean against the baseline's CI: a fall below its lower
@@ -98,18 +100,22 @@ def stage_seconds(out: Path) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^- (\w+): ([\d.]+) s$", part, re.M)}
 
 
-def bins_against_bt(table: list[dict]) -> tuple[list[dict], int, int]:
-    """(bins with their 95% Wilson interval, bins whose Bradley-Terry prediction lies inside it, bins with pairs)."""
+def bins_against_bt(table: list[dict]) -> tuple[list[dict], int, int, int]:
+    """(bins with their 95% interval, bins whose Bradley-Terry prediction lies inside it, bins with pairs, bins
+    whose prediction lies inside Wilson's interval over the pairs). The interval is the file's (`lo`, `hi`: the rm
+    stage's, with prompts as the draws) where it has one, else Wilson's over the bin's pairs."""
     bins = []
     for b in table:
         n = int(b["count"])
         if not n:  # an empty bin: no accuracy, nothing to compare
-            bins.append({**b, "lo": None, "hi": None, "follows_bt": False})
+            bins.append({**b, "lo": None, "hi": None, "follows_bt": False, "follows_bt_wilson": False})
             continue
-        lo, hi = wilson_interval(round(b["accuracy"] * n), n)
-        bins.append({**b, "lo": lo, "hi": hi, "follows_bt": lo <= b["predicted"] <= hi})
+        w_lo, w_hi = wilson_interval(round(b["accuracy"] * n), n)
+        lo, hi = (b["lo"], b["hi"]) if b.get("lo") is not None else (w_lo, w_hi)
+        bins.append({**b, "lo": lo, "hi": hi, "wilson": [w_lo, w_hi], "follows_bt": lo <= b["predicted"] <= hi,
+                     "follows_bt_wilson": w_lo <= b["predicted"] <= w_hi})
     used = [b for b in bins if b["count"]]
-    return bins, sum(b["follows_bt"] for b in used), len(used)
+    return bins, sum(b["follows_bt"] for b in used), len(used), sum(b["follows_bt_wilson"] for b in used)
 
 
 def calibration(out: Path) -> dict | None:
@@ -120,13 +126,13 @@ def calibration(out: Path) -> dict | None:
     if not path.is_file():
         return None
     held = json.loads(path.read_text(encoding="utf-8"))["eval"]
-    bins, follow, used = bins_against_bt(held.get("calibration", []))
+    bins, follow, used, wilson = bins_against_bt(held.get("calibration", []))
     result = {"accuracy": held["accuracy"], "bins": bins, "bins_following_bt": follow, "bins_with_pairs": used,
-              "temperature": held.get("temperature")}
+              "bins_following_bt_wilson": wilson, "temperature": held.get("temperature")}
     if held.get("calibration_scaled"):
-        bins, follow, used = bins_against_bt(held["calibration_scaled"])
+        bins, follow, used, wilson = bins_against_bt(held["calibration_scaled"])
         result["scaled"] = {"bins": bins, "bins_following_bt": follow, "bins_with_pairs": used,
-                            "fold_temperatures": held.get("fold_temperatures")}
+                            "bins_following_bt_wilson": wilson, "fold_temperatures": held.get("fold_temperatures")}
     return result
 
 
@@ -257,6 +263,12 @@ def table(rows: list[dict]) -> str:
         if scaled:
             line += (f", {sum(sc['bins_following_bt'] == sc['bins_with_pairs'] for sc in scaled)}/{len(scaled)} "
                      f"over the temperature (each half of the held-out prompts over the other half's T)")
+        if any(b.get("wilson") and b["wilson"] != [b["lo"], b["hi"]] for rm in rms for b in rm["bins"]):
+            wilson = sum(rm["bins_following_bt_wilson"] == rm["bins_with_pairs"] for rm in rms)
+            line += f"; by Wilson's interval, which counts the pairs as independent: {wilson}/{len(rms)} raw"
+            if scaled:
+                line += (f", {sum(sc['bins_following_bt_wilson'] == sc['bins_with_pairs'] for sc in scaled)}/"
+                         f"{len(scaled)} over T")
         lines.append(line)
     vs = [r["rm_vs_gold"] for r in rows if r.get("rm_vs_gold") and r["rm_vs_gold"]["on_topic_agree"] is not None]
     if vs:

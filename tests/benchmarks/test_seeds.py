@@ -55,6 +55,24 @@ def test_a_bin_follows_bradley_terry_when_its_prediction_is_inside_the_wilson_in
     assert (cal["bins_following_bt"], cal["bins_with_pairs"], cal["accuracy"]) == (1, 2, 0.78)
 
 
+def test_the_rm_stages_prompt_interval_is_used_and_wilsons_count_printed_beside_it(seeds, tmp_path):
+    # 100 pairs, 60 right: Wilson [0.502, 0.691] leaves out a prediction of 0.72; the rm stage's interval with
+    # prompts as the draws, [0.45, 0.75] (a prompt's pairs share answers), holds it: the bin follows BT by the file's
+    run = write_run(tmp_path / "s0", 0.1, [(100, 0.6, 0.72)])
+    path = run / "rm" / "calibration.json"
+    held = json.loads(path.read_text())
+    held["eval"]["calibration"][0] |= {"lo": 0.45, "hi": 0.75}
+    path.write_text(json.dumps(held))
+    cal = seeds.calibration(run)
+    (b,) = cal["bins"]
+    assert (b["lo"], b["hi"], b["follows_bt"], b["follows_bt_wilson"]) == (0.45, 0.75, True, False)
+    assert [round(x, 3) for x in b["wilson"]] == [0.502, 0.691]
+    assert (cal["bins_following_bt"], cal["bins_following_bt_wilson"]) == (1, 0)
+    text = seeds.table([seeds.read_seed(0, run, 0.0)])
+    assert "every bin follows Bradley-Terry: 1/1 raw" in text
+    assert "by Wilson's interval, which counts the pairs as independent: 0/1 raw" in text
+
+
 def test_the_bins_over_the_temperature_are_read_and_counted_beside_the_raw_ones(seeds, tmp_path):
     run = write_run(tmp_path / "s0", 0.1, [(10, 0.6, 0.95)])
     path = run / "rm" / "calibration.json"

@@ -9,10 +9,12 @@ import math
 import pytest
 import torch
 
+from quartet.algo.stats import wilson_interval
 from quartet.eval.calibration import (
     T_RANGE,
     bt_nll,
     calibration_table,
+    clustered_wilson,
     cross_fitted,
     fit_temperature,
     fold_of,
@@ -88,3 +90,43 @@ def test_cross_fit_scales_each_fold_by_the_other_folds_temperature():
     assert none == [] and torch.equal(same, d.double())
     with pytest.raises(ValueError, match="groups"):
         cross_fitted(d, ["p"])
+
+
+def test_independent_pairs_get_wilsons_interval():
+    # 200 pairs, each its own prompt, 140 right: the sandwich variance is G / (G - 1) times the binomial one, so
+    # deff = 200 / 199 and n_eff = 199: the half-width grows by sqrt(200 / 199) - 1 = 0.25% of ~0.064, 2e-4
+    correct = torch.tensor([1.0] * 140 + [0.0] * 60)
+    (lo, hi, n_eff), *rest = clustered_wilson(correct, torch.zeros(200, dtype=torch.long), list(range(200)))
+    assert n_eff == pytest.approx(199.0)
+    assert (lo, hi) == pytest.approx(wilson_interval(140, 200), abs=1e-3)
+    assert rest == [(None, None, None)] * 4  # bins without pairs
+
+
+def test_a_prompts_pairs_that_agree_count_about_once():
+    # 10 prompts of 20 pairs, every pair of 5 prompts right and of the other 5 wrong: p = 0.5; sandwich variance
+    # 10/9 * 10 * (20 * 0.5)^2 / 200^2 = 0.02778 against the binomial 0.25 / 200 = 0.00125: deff 22.2, n_eff 9.0.
+    # Wilson over 9 at 0.5, by hand: centre 0.5, half 1.96 / (1 + 1.96^2/9) * sqrt(0.25/9 + 1.96^2/324) = 0.2735;
+    # Wilson over the 200 pairs, [0.431, 0.569], would reject a prediction of 0.7 on evidence it does not have
+    groups = [p for p in range(10) for _ in range(20)]
+    correct = torch.tensor([1.0 if p < 5 else 0.0 for p in groups])
+    (lo, hi, n_eff), *_ = clustered_wilson(correct, torch.zeros(200, dtype=torch.long), groups)
+    assert n_eff == pytest.approx(9.0)
+    assert (lo, hi) == pytest.approx((0.5 - 0.2735, 0.5 + 0.2735), abs=1e-3)
+    # all 13 pairs right: no variance to estimate a clustering from, so Wilson's over 13 ([0.772, 1]), which holds
+    # Bradley-Terry's 0.987 (13 of 13 right has probability 0.84 then); a prompt bootstrap would read [1, 1]
+    (lo, hi, n_eff), *_ = clustered_wilson(torch.ones(13), torch.zeros(13, dtype=torch.long), ["a"] * 6 + ["b"] * 7)
+    assert (lo, hi, n_eff) == (*wilson_interval(13, 13), 13.0) and lo < 0.987
+    with pytest.raises(ValueError, match="6 pairs but 2 groups"):
+        clustered_wilson(torch.ones(6), torch.zeros(6, dtype=torch.long), ["a", "b"])
+
+
+def test_calibration_table_with_groups_gives_each_bin_its_interval():
+    d = torch.tensor([0.2, -0.3, 0.4, 3.0, 2.5, float("nan")])
+    table = calibration_table(d, groups=["a", "a", "b", "b", "c", "c"])
+    assert [b["count"] for b in table] == [3, 0, 0, 2, 0]  # the NaN margin falls in no bin
+    first, _, _, fourth, _ = table
+    assert first["lo"] <= first["accuracy"] <= first["hi"]
+    assert (fourth["lo"], fourth["hi"], fourth["effective_pairs"]) == (*wilson_interval(2, 2), 2.0)
+    assert table[1]["lo"] is None and table[1]["hi"] is None
+    json.loads(json.dumps(table, allow_nan=False))
+    assert "lo" not in calibration_table(d)[0]  # without groups: no interval

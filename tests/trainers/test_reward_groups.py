@@ -111,8 +111,58 @@ def test_rm_default_batching_is_the_seeded_shuffle_of_before(tmp_path, monkeypat
         calls.append((len(items[0]) if items else None, batch_size, shuffle, seed))
         return make_loader(items, batch_size, collate, shuffle, seed)
 
+    grouped = []
+    make_group_loader = loop.make_group_loader
+
+    def group_spy(items, groups, max_rows, collate, seed, shuffle=True):
+        grouped.append(shuffle)
+        return make_group_loader(items, groups, max_rows, collate, seed, shuffle)
+
     monkeypatch.setattr(loop, "make_loader", spy)
-    monkeypatch.setattr(loop, "make_group_loader", lambda *a, **k: pytest.fail("grouped loader used by default"))
-    train_reward(_cfg(tmp_path, max_steps=2, seed=3))
+    monkeypatch.setattr(loop, "make_group_loader", group_spy)
+    train_reward(_cfg(tmp_path, max_steps=2, seed=3, eval_fraction=0.25))
     assert calls[0] == (3, 8, True, 3)  # the train loader
+    assert grouped == [False]  # only the held-out loader goes a prompt at a time, in order
     assert not RewardConfig().group_by_prompt
+
+
+def test_group_batches_without_shuffle_keep_the_groups_first_order():
+    groups = ["a", "a", "b", "c", "c", "c", "d"]
+    batches = loop.GroupBatches(groups, max_rows=3, seed=5, shuffle=False)
+    assert list(batches) == [[0, 1, 2], [3, 4, 5], [6]] == list(batches)  # the same every pass
+
+
+def test_held_out_pairs_go_a_prompt_at_a_time_and_score_as_one_pair_at_a_time(tmp_path):
+    """The held-out loader puts a prompt's pairs in one batch, so each answer is one forward for all its pairs;
+    the margins, accuracy, calibration and temperatures are those of scoring each pair in a batch of its own
+    (float32: the forwards differ only in which rows share a padded chunk, ~1e-6)."""
+    from quartet.data.schemas import PreferenceExample
+    from quartet.models import load_reward_model
+
+    pairs = [PreferenceExample(**r) for r in _ranked_pairs(n_prompts=3, k=4)]
+    mixed = [pairs[i] for i in (0, 6, 12, 1, 7, 13, 2, 8, 14, 3, 9, 15, 4, 10, 16, 5, 11, 17)]  # prompts interleaved
+    ordered, _ = reward._prompt_by_prompt(mixed, list(range(len(mixed))))
+    assert [ex.prompt for ex in ordered] == [p.prompt for p in pairs]  # contiguous, in first-appearance order
+    assert [ex.chosen for ex in ordered[:6]] == [p.chosen for p in pairs[:6]]  # stable within a prompt
+
+    rm = load_reward_model(TINY, torch.float32)
+    rows = reward._encode(rm.tokenizer, mixed, 64, True)
+    examples, rows = reward._prompt_by_prompt(mixed, rows)
+    groups = loop.prompt_groups(examples)
+    seen = []
+    forward = type(rm).forward
+
+    def count(self, input_ids, attention_mask):
+        seen.append(input_ids.shape[0])
+        return forward(self, input_ids, attention_mask)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(rm), "forward", count)
+        grouped = reward.evaluate(rm, loop.make_group_loader(rows, groups, 8, _Collate(0), 0, shuffle=False), groups)
+    assert sum(seen) == 3 * 4  # each prompt's 4 answers once for its 6 pairs
+    alone = reward.evaluate(rm, loop.make_loader(rows, 1, _Collate(0), shuffle=False), groups)
+    assert grouped.accuracy == alone.accuracy
+    assert grouped.margin == pytest.approx(alone.margin, abs=1e-5)
+    assert grouped.temperature == pytest.approx(alone.temperature, rel=1e-4)
+    assert grouped.fold_temperatures == pytest.approx(alone.fold_temperatures, rel=1e-4)
+    assert [b["count"] for b in grouped.calibration] == [b["count"] for b in alone.calibration]

@@ -1,11 +1,26 @@
-"""Masked statistics over response tokens.
+"""Masked statistics over response tokens, and Wilson's interval for a share.
 
 Shapes follow the tensor legend: x and mask are (B, R); mask is 1.0 on real tokens and 0.0 on padding.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+
+def wilson_interval(successes: float, n: float, z: float = 1.959963984540054) -> tuple[float, float]:
+    """Wilson's score interval for a binomial share (default 95%): unlike p +- z sqrt(p(1-p)/n) it stays inside
+    [0, 1] and is not empty at 0 or n successes. `n` may be an effective sample size (not a whole number), with
+    `successes` the share times it. (nan, nan) for n = 0."""
+    if n <= 0:
+        return math.nan, math.nan
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z / denom * math.sqrt(max(p * (1 - p), 0.0) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def check_mask(mask: torch.Tensor) -> None:

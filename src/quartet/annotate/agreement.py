@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from quartet.algo.stats import wilson_interval
+
 LABELS = ("first", "second", "tie")
 """the label of answer pair (i, j), i < j: i better, j better, or tied"""
 
@@ -135,18 +137,6 @@ def rater_agreement(judgments: Iterable) -> RaterAgreement:
 
 
 # --------------------------------------------------------------------------- agreement with a judge
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """Wilson's score interval for a binomial share (default 95%): unlike p +- z sqrt(p(1-p)/n) it stays inside
-    [0, 1] and is not empty at 0 or n successes. (nan, nan) for n = 0."""
-    if n <= 0:
-        return math.nan, math.nan
-    p = successes / n
-    denom = 1.0 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 @dataclass
 class JudgeAgreement:
     annotator: str

@@ -6,6 +6,15 @@ sigmoid(|d|) (`calibration_table`). Training longer widens the margins faster th
 model can order well and claim too much; one number, a temperature T with P = sigmoid(d / T), fixes the scale
 without changing any ordering (Guo et al. 2017, temperature scaling; here on pair margins).
 
+A bin's interval counts prompts, not pairs, as the draws (`calibration_table` with `groups`): a prompt's K answers
+make up to K(K-1)/2 pairs, each answer in K - 1 of them, so its pairs are not independent, and Wilson's interval
+over the pairs is too narrow. It is Wilson's interval over the bin's effective number of pairs, n / deff, where the
+design effect deff >= 1 is the variance of the bin's accuracy with prompts as clusters (the ratio estimator's
+sandwich variance) over the binomial variance p(1 - p) / n (Kish 1965; Korn and Graubard 1998): independent pairs
+give plain Wilson, a bin where each prompt's pairs all agree counts each prompt about once. (A prompt bootstrap
+does the same for most bins but reads [1, 1] for a bin whose pairs are all ordered right, which 13 of 13 are
+with probability 0.84 when Bradley-Terry predicts 0.987.) The held-out split is by prompt for the same reason.
+
 T is fitted by maximum likelihood on held-out pairs, with one pseudo-pair either way (`fit_temperature`). Read on the same pairs it would flatter
 itself, so `cross_fitted` scales each fold's margins by the T fitted on the other folds (folds by prompt): a
 calibration table of those margins is an out-of-sample check, as the raw table is.
@@ -19,6 +28,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from quartet.algo.stats import wilson_interval
+
 BUCKETS = (0.0, 0.5, 1.0, 2.0, 4.0, math.inf)
 """edges of the |r_c - r_r| bins of the calibration table (Bradley-Terry units: sigmoid 0.5, 0.62, 0.73, 0.88, 0.98)"""
 
@@ -26,23 +37,73 @@ T_RANGE = (0.05, 20.0)
 """the temperatures `fit_temperature` may return"""
 
 
-def calibration_table(margins: torch.Tensor) -> list[dict]:
+
+def calibration_table(margins: torch.Tensor, groups: Sequence | None = None) -> list[dict]:
     """Per |margin| bin of BUCKETS: the pairs in it, the share ordered right (margin > 0) and the share Bradley-Terry
-    predicts (mean sigmoid |margin|). `margins` (N,): r_chosen - r_rejected. Empty bins read None (null in
-    calibration.json: JSON has no NaN, and readers other than Python's refuse it)."""
+    predicts (mean sigmoid |margin|). `margins` (N,): r_chosen - r_rejected. With `groups` (N,), each pair's prompt,
+    each bin also gets `lo` and `hi`, the 95% interval of its accuracy with prompts as the draws (`clustered_wilson`),
+    and `effective_pairs`. Empty bins read None (null in calibration.json: JSON has no NaN, and readers other than
+    Python's refuse it)."""
     d = margins.double()
     correct = (d > 0).double()
+    finite = torch.isfinite(d)  # a diverged model's NaN / inf margins fall in no bin
+    which = torch.bucketize(d.abs(), torch.tensor(BUCKETS[1:-1], dtype=d.dtype), right=True)  # (N,) bin index
+    which[~finite] = -1
+    intervals = None
+    if groups is not None:
+        if len(groups) != d.numel():
+            raise ValueError(f"calibration_table: {d.numel()} margins but {len(groups)} groups")
+        keep = finite.nonzero().flatten().tolist()
+        intervals = clustered_wilson(correct[keep], which[keep], [groups[i] for i in keep])
     table = []
-    for lo, hi in zip(BUCKETS[:-1], BUCKETS[1:]):
-        inside = (d.abs() >= lo) & (d.abs() < hi)
+    for b, (lo, hi) in enumerate(zip(BUCKETS[:-1], BUCKETS[1:])):
+        inside = which == b
         n = int(inside.sum())
-        table.append({
+        row = {
             "margin": f"[{lo:g}, {hi:g})",
             "count": n,
             "accuracy": float(correct[inside].mean()) if n else None,
             "predicted": float(torch.sigmoid(d.abs()[inside]).mean()) if n else None,
-        })
+        }
+        if intervals is not None:
+            row["lo"], row["hi"], row["effective_pairs"] = intervals[b]
+        table.append(row)
     return table
+
+
+def clustered_wilson(correct: torch.Tensor, which: torch.Tensor, groups: Sequence
+                     ) -> list[tuple[float | None, float | None, float | None]]:
+    """Each bin's (lo, hi, n_eff): Wilson's 95% interval of its accuracy over n_eff = n / deff pairs, with prompts as
+    clusters. `correct` (N,) 1.0 where ordered right, `which` (N,) each pair's bin, `groups` (N,) its prompt.
+
+    In a bin with n pairs, k right, from G prompts holding n_g and k_g of them: p = k / n; the sandwich variance of
+    p is G / (G - 1) * sum_g (k_g - p n_g)^2 / n^2 and the binomial one p (1 - p) / n; deff is their ratio, at least
+    1 (fewer effective pairs than pairs, never more), and 1 where either is 0 (p at 0 or 1, or one prompt: nothing
+    to estimate the clustering from). (None, None, None) for a bin without pairs."""
+    if len(groups) != correct.numel():
+        raise ValueError(f"clustered_wilson: {correct.numel()} pairs but {len(groups)} groups")
+    index: dict = {}
+    g = torch.tensor([index.setdefault(k, len(index)) for k in groups], dtype=torch.long)
+    out = []
+    for b in range(len(BUCKETS) - 1):
+        inside = which == b
+        n = int(inside.sum())
+        if not n:
+            out.append((None, None, None))
+            continue
+        n_g = torch.zeros(len(index), dtype=torch.float64).index_add_(0, g[inside], torch.ones(n, dtype=torch.float64))
+        k_g = torch.zeros(len(index), dtype=torch.float64).index_add_(0, g[inside], correct[inside].double())
+        n_g, k_g = n_g[n_g > 0], k_g[n_g > 0]
+        clusters, p = n_g.numel(), float(k_g.sum()) / n
+        binomial = p * (1 - p) / n
+        deff = 1.0
+        if clusters > 1 and binomial > 0:
+            sandwich = clusters / (clusters - 1) * float(((k_g - p * n_g) ** 2).sum()) / n**2
+            deff = max(1.0, sandwich / binomial)
+        n_eff = n / deff
+        lo, hi = wilson_interval(p * n_eff, n_eff)
+        out.append((lo, hi, n_eff))
+    return out
 
 
 def bt_nll(margins: torch.Tensor, temperature: float = 1.0) -> float:

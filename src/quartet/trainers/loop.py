@@ -148,25 +148,28 @@ def make_loader(items: Sequence, batch_size: int, collate: Callable, shuffle: bo
 
 
 class GroupBatches:
-    """Batches of row indices made of whole groups (a prompt's pairs): groups in a seeded random order each epoch,
-    packed in that order into batches of at most `max_rows` rows; a group larger than that is a batch of its own.
+    """Batches of row indices made of whole groups (a prompt's pairs): groups in a seeded random order each epoch
+    (`shuffle=False`: in the order they first appear), packed in that order into batches of at most `max_rows` rows;
+    a group larger than that is a batch of its own.
 
     The number of batches follows the packing, so it may differ by a batch or two from epoch to epoch; `len` is the
     coming epoch's (the trainers count their steps from the first). No `batch_size` attribute: accelerate then shards
     the batches as they are, of any size, instead of expecting full ones."""
 
-    def __init__(self, groups: Sequence, max_rows: int, seed: int):
+    def __init__(self, groups: Sequence, max_rows: int, seed: int, shuffle: bool = True):
         members: dict = {}
         for i, key in enumerate(groups):
             members.setdefault(key, []).append(i)
         self.groups = list(members.values())
         self.max_rows = max_rows
+        self.shuffle = shuffle
         self.rng = random.Random(seed)
         self.coming = self._pack()
 
     def _pack(self) -> list[list[int]]:
         order = list(self.groups)
-        self.rng.shuffle(order)
+        if self.shuffle:
+            self.rng.shuffle(order)
         batches: list[list[int]] = []
         for group in order:
             if batches and len(batches[-1]) + len(group) <= self.max_rows:
@@ -188,9 +191,10 @@ def prompt_groups(examples: Sequence) -> list[str]:
     return [json.dumps(ex.prompt, sort_keys=True) for ex in examples]
 
 
-def make_group_loader(items: Sequence, groups: Sequence, max_rows: int, collate: Callable, seed: int) -> DataLoader:
+def make_group_loader(items: Sequence, groups: Sequence, max_rows: int, collate: Callable, seed: int,
+                      shuffle: bool = True) -> DataLoader:
     """A loader whose batches hold whole groups (`GroupBatches`)."""
-    return DataLoader(list(items), batch_sampler=GroupBatches(groups, max_rows, seed), collate_fn=collate)
+    return DataLoader(list(items), batch_sampler=GroupBatches(groups, max_rows, seed, shuffle), collate_fn=collate)
 
 
 def model_max_len(config, max_seq_len: int, stage: str) -> int:

@@ -129,8 +129,11 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
         train_loader = loop.make_group_loader(train_rows, groups, cfg.batch_size, collate, cfg.seed)
     else:
         train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
-    eval_loader = loop.make_loader(eval_rows, cfg.batch_size, collate, shuffle=False)
+    # the held-out pairs a prompt at a time, its pairs in one batch: `_scores` scores each of its answers once for
+    # all its pairs (eight answers' 28 pairs: 8 forwards, not 56)
+    eval_ex, eval_rows = _prompt_by_prompt(eval_ex, eval_rows)
     eval_groups = loop.prompt_groups(eval_ex)
+    eval_loader = loop.make_group_loader(eval_rows, eval_groups, cfg.batch_size, collate, cfg.seed, shuffle=False)
     total = loop.count_update_steps(len(train_loader), cfg.grad_accum, cfg.epochs, cfg.max_steps)
     optimizer, scheduler = loop.make_optimizer(rm, cfg.optim, total, accelerator.num_processes)
     rm, optimizer, train_loader, scheduler = accelerator.prepare(rm, optimizer, train_loader, scheduler)
@@ -316,11 +319,11 @@ def evaluate(rm, loader, groups: list | None = None) -> RewardEval:
         chosen_std=float(c.std()) if len(c) > 1 else 0.0,
         rejected_mean=float(r.mean()),
         rejected_std=float(r.std()) if len(r) > 1 else 0.0,
-        calibration=calibration_table(diff),
+        calibration=calibration_table(diff, groups),
         nll=bt_nll(diff),
         temperature=temperature,
         fold_temperatures=fold_temps or None,
-        calibration_scaled=calibration_table(scaled) if fold_temps else None,
+        calibration_scaled=calibration_table(scaled, groups) if fold_temps else None,
         nll_scaled=bt_nll(scaled) if fold_temps else None,
     )
 
@@ -427,6 +430,17 @@ def _encode(tok, examples, max_len: int, chat_template: bool) -> list[tuple]:
     return [(c, r, ex.margin or 0.0) for c, r, ex in zip(chosen, rejected, examples)]
 
 
+def _prompt_by_prompt(examples: list, rows: list) -> tuple[list, list]:
+    """`examples` and their `rows` reordered so each prompt's pairs sit together, prompts in the order they first
+    appear (stable: a prompt's pairs keep their order)."""
+    groups = loop.prompt_groups(examples)
+    first: dict = {}
+    for i, g in enumerate(groups):
+        first.setdefault(g, i)
+    order = sorted(range(len(examples)), key=lambda i: first[groups[i]])
+    return [examples[i] for i in order], [rows[i] for i in order]
+
+
 class _Collate:
     """B pairs -> one (2B, T) right-padded batch, chosen rows first, + margins (B,); rows that carry a 4th element,
     their prompt group (group_by_prompt), also get loss weights (B,) (`group_weights`)."""
@@ -483,19 +497,23 @@ def _summary(cfg, result: RewardResult, n_train, n_eval, max_len, trainable, n_p
     ).rstrip()]
     if ev is not None:
         lines += ["", "## calibration (held-out, by |r_c - r_r|)", "",
-                  "| margin | pairs | accuracy | BT predicts |", "|---|---|---|---|"]
+                  "| margin | pairs | accuracy [95% CI, prompts as draws] | BT predicts |", "|---|---|---|---|"]
         lines += _calibration_rows(ev.calibration)
         if ev.calibration_scaled is not None:
             lines += ["", "## calibration with the temperature (held-out, by |r_c - r_r| / T, each half's margins "
                       "divided by the T fitted on the other half)", "",
-                      "| margin / T | pairs | accuracy | BT predicts |", "|---|---|---|---|"]
+                      "| margin / T | pairs | accuracy [95% CI, prompts as draws] | BT predicts |", "|---|---|---|---|"]
             lines += _calibration_rows(ev.calibration_scaled)
     return "\n".join(lines) + "\n"
 
 
 def _calibration_rows(table: list[dict]) -> list[str]:
-    return [f"| {b['margin']} | {b['count']} | {loop.fmt(b['accuracy'])} | {loop.fmt(b['predicted'])} |"
-            for b in table]
+    def accuracy(b: dict) -> str:
+        if b["accuracy"] is None or b.get("lo") is None:
+            return loop.fmt(b["accuracy"])
+        return f"{b['accuracy']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]"
+
+    return [f"| {b['margin']} | {b['count']} | {accuracy(b)} | {loop.fmt(b['predicted'])} |" for b in table]
 
 
 def cli(args) -> int:
