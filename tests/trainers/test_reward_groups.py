@@ -141,14 +141,14 @@ def test_held_out_pairs_go_a_prompt_at_a_time_and_score_as_one_pair_at_a_time(tm
 
     pairs = [PreferenceExample(**r) for r in _ranked_pairs(n_prompts=3, k=4)]
     mixed = [pairs[i] for i in (0, 6, 12, 1, 7, 13, 2, 8, 14, 3, 9, 15, 4, 10, 16, 5, 11, 17)]  # prompts interleaved
-    ordered, _ = reward._prompt_by_prompt(mixed, list(range(len(mixed))))
+    order = reward._prompt_by_prompt(loop.prompt_groups(mixed))
+    ordered = [mixed[i] for i in order]
     assert [ex.prompt for ex in ordered] == [p.prompt for p in pairs]  # contiguous, in first-appearance order
     assert [ex.chosen for ex in ordered[:6]] == [p.chosen for p in pairs[:6]]  # stable within a prompt
 
     rm = load_reward_model(TINY, torch.float32)
     rows = reward._encode(rm.tokenizer, mixed, 64, True)
-    examples, rows = reward._prompt_by_prompt(mixed, rows)
-    groups = loop.prompt_groups(examples)
+    rows, groups = [rows[i] for i in order], [loop.prompt_groups(mixed)[i] for i in order]
     seen = []
     forward = type(rm).forward
 

@@ -37,7 +37,6 @@ T_RANGE = (0.05, 20.0)
 """the temperatures `fit_temperature` may return"""
 
 
-
 def calibration_table(margins: torch.Tensor, groups: Sequence | None = None) -> list[dict]:
     """Per |margin| bin of BUCKETS: the pairs in it, the share ordered right (margin > 0) and the share Bradley-Terry
     predicts (mean sigmoid |margin|). `margins` (N,): r_chosen - r_rejected. With `groups` (N,), each pair's prompt,
@@ -53,8 +52,7 @@ def calibration_table(margins: torch.Tensor, groups: Sequence | None = None) -> 
     if groups is not None:
         if len(groups) != d.numel():
             raise ValueError(f"calibration_table: {d.numel()} margins but {len(groups)} groups")
-        keep = finite.nonzero().flatten().tolist()
-        intervals = clustered_wilson(correct[keep], which[keep], [groups[i] for i in keep])
+        intervals = clustered_wilson(correct, which, groups)  # non-finite margins are in bin -1: in none
     table = []
     for b, (lo, hi) in enumerate(zip(BUCKETS[:-1], BUCKETS[1:])):
         inside = which == b

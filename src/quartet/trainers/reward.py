@@ -131,8 +131,9 @@ def train_reward(cfg: RewardConfig, overwrite: bool = False, callbacks=None) -> 
         train_loader = loop.make_loader(train_rows, cfg.batch_size, collate, shuffle=True, seed=cfg.seed)
     # the held-out pairs a prompt at a time, its pairs in one batch: `_scores` scores each of its answers once for
     # all its pairs (eight answers' 28 pairs: 8 forwards, not 56)
-    eval_ex, eval_rows = _prompt_by_prompt(eval_ex, eval_rows)
     eval_groups = loop.prompt_groups(eval_ex)
+    order = _prompt_by_prompt(eval_groups)
+    eval_rows, eval_groups = [eval_rows[i] for i in order], [eval_groups[i] for i in order]
     eval_loader = loop.make_group_loader(eval_rows, eval_groups, cfg.batch_size, collate, cfg.seed, shuffle=False)
     total = loop.count_update_steps(len(train_loader), cfg.grad_accum, cfg.epochs, cfg.max_steps)
     optimizer, scheduler = loop.make_optimizer(rm, cfg.optim, total, accelerator.num_processes)
@@ -430,15 +431,13 @@ def _encode(tok, examples, max_len: int, chat_template: bool) -> list[tuple]:
     return [(c, r, ex.margin or 0.0) for c, r, ex in zip(chosen, rejected, examples)]
 
 
-def _prompt_by_prompt(examples: list, rows: list) -> tuple[list, list]:
-    """`examples` and their `rows` reordered so each prompt's pairs sit together, prompts in the order they first
-    appear (stable: a prompt's pairs keep their order)."""
-    groups = loop.prompt_groups(examples)
+def _prompt_by_prompt(groups: list) -> list[int]:
+    """The row order that puts each prompt's pairs together, prompts in the order they first appear (stable: a
+    prompt's pairs keep their order). `groups`: each row's prompt (`loop.prompt_groups`)."""
     first: dict = {}
     for i, g in enumerate(groups):
         first.setdefault(g, i)
-    order = sorted(range(len(examples)), key=lambda i: first[groups[i]])
-    return [examples[i] for i in order], [rows[i] for i in order]
+    return sorted(range(len(groups)), key=lambda i: first[groups[i]])
 
 
 class _Collate:
