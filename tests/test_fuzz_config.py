@@ -34,7 +34,8 @@ from quartet.pipeline import PipelineConfig, load_pipeline
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 STAGES = [SFTConfig, LabelConfig, RewardConfig, PPOConfig, DPOConfig]
-WORK = Path(tempfile.mkdtemp(prefix="quartet-fuzz-config-"))
+_SCRATCH = tempfile.TemporaryDirectory(prefix="quartet-fuzz-config-")  # removed when the session exits
+WORK = Path(_SCRATCH.name)
 
 scalars = st.one_of(
     st.none(),

@@ -24,7 +24,8 @@ from quartet.data.readers import read_table
 from quartet.errors import DataError
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-WORK = Path(tempfile.mkdtemp(prefix="quartet-fuzz-readers-"))
+_SCRATCH = tempfile.TemporaryDirectory(prefix="quartet-fuzz-readers-")  # removed when the session exits
+WORK = Path(_SCRATCH.name)
 EXTS = [".jsonl", ".json", ".csv"]
 LOADERS = {"prompts": load_prompts, "sft": load_sft, "preferences": load_preferences}
 

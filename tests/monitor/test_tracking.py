@@ -31,7 +31,10 @@ needs_all = pytest.mark.skipif(
     reason="needs the tracking extras: pip install 'quartet[tracking]'",
 )
 # trackio reads TRACKIO_DIR once, when it is first imported: point it at a scratch dir before any test does
-os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="quartet-trackio-"))
+# (removed when the session exits)
+if "TRACKIO_DIR" not in os.environ:
+    _TRACKIO_SCRATCH = tempfile.TemporaryDirectory(prefix="quartet-trackio-")
+    os.environ["TRACKIO_DIR"] = _TRACKIO_SCRATCH.name
 
 
 @pytest.fixture
