@@ -141,6 +141,16 @@ def both(cwd: Path, *args: str, wait_for: tuple[int, ...] = (0, 1), **env: str) 
     return hosts
 
 
+def assert_both_succeeded(launched: list[Host]) -> None:
+    """Both hosts exited 0; otherwise each host's whole log goes to the test's captured output (an assertion message
+    is cut, and the logs sit in a temporary folder that is gone once the suite ends), and the test fails."""
+    codes = [h.proc.returncode for h in launched]
+    if codes != [0, 0]:
+        for k, h in enumerate(launched):
+            print(f"===== host {k} exited {codes[k]}: {h.log} =====\n{h.stderr}")
+        pytest.fail(f"the hosts exited {codes}: their whole logs are in the captured stdout")
+
+
 def _veth_bytes() -> int:
     """Bytes host 0's veth sent and received so far."""
     out = subprocess.run(["ip", "-n", "qhost0", "-j", "-s", "link", "show", "qveth0"], capture_output=True,
@@ -158,7 +168,7 @@ def runs(hosts, one_process, tmp_path_factory) -> dict:
     spec, outs = write_cases(root)
     before = _veth_bytes()
     launched = both(root, str(CASES_DRIVER), str(spec))
-    assert [h.proc.returncode for h in launched] == [0, 0], [h.stderr[-3000:] for h in launched]
+    assert_both_succeeded(launched)
     return {1: one_process, 2: {name: torch.load(path) for name, path in outs.items()}, "veth_bytes":
             _veth_bytes() - before, "launch": [json.loads((root / f"launch-rank{k}.json").read_text()) for k in (0, 1)]}
 
@@ -215,7 +225,7 @@ def test_a_host_killed_mid_iteration_ends_the_other_and_resume_gives_the_uninter
     and --resume on both hosts ends where the uninterrupted run ends: the same metrics, samples and weights, exactly
     (the same arithmetic in the same order)."""
     clean = both(tmp_path / "clean", *PPO_ARGS)
-    assert [h.proc.returncode for h in clean] == [0, 0], [h.stderr[-3000:] for h in clean]
+    assert_both_succeeded(clean)
 
     work = tmp_path / "killed"
     killed, survivor = both(work, *PPO_ARGS, QUARTET_TEST_FAULT="kill 0 2")
@@ -231,7 +241,7 @@ def test_a_host_killed_mid_iteration_ends_the_other_and_resume_gives_the_uninter
     assert ckpt.read_checkpoint(ckpt.list_checkpoints(run)[-1], ["policy"])[1]["iteration"] == 1
 
     resumed = both(work, *PPO_ARGS, "--resume")
-    assert [h.proc.returncode for h in resumed] == [0, 0], [h.stderr[-3000:] for h in resumed]
+    assert_both_succeeded(resumed)
     a, b = clean[0].log.parent / "run", run
     assert _steps(a) == _steps(b) and sorted(_steps(b)) == [1, 2, 3]
     assert (a / "samples.jsonl").read_text() == (b / "samples.jsonl").read_text()
