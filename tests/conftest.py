@@ -17,6 +17,20 @@ torch.set_num_threads(_THREADS)
 TINY_LM = "tiny:llama?hidden=32&layers=2&heads=4&vocab=300"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _children_scratch(tmp_path_factory):
+    """Processes the tests start write their temporary files under this session's scratch folder (TMPDIR), which
+    pytest keeps only for its last few sessions: torch's elastic agent under `accelerate launch` leaves a
+    torchelastic_* folder in /tmp for every launch (50-130 a suite run) and never removes them."""
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("children-tmp"))
+    yield
+    if before is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = before
+
+
 @pytest.fixture(scope="session")
 def tiny_lm():
     """(model, tokenizer) for a random 2-layer Llama with a byte-level tokenizer and a chat template."""
