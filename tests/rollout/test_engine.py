@@ -211,12 +211,17 @@ def test_explicit_seeds_pick_each_rows_stream():
         engine.generate(ids, mask, num_samples=2, seeds=seeds[:5])
 
 
+@pytest.mark.parametrize("leave", [0.0, 0.125, 1.0])
 @pytest.mark.parametrize("num_samples", [1, 3])
-def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples):
-    """The engine's decoding loop drops a row from the batch (and its KV cache) once it emits EOS; every row's
-    tokens are still exactly what transformers' `generate` samples with the same processors and seeds, which
-    runs every row to the end. EOS is made a likely token here, so rows finish at many different steps."""
+def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples, leave, monkeypatch):
+    """The engine's decoding loop drops finished rows from the batch (and the KV cache) once `leave` of it has
+    emitted EOS (0: at each finish; 1: never, the batch ends when all have); every row's tokens are still
+    exactly what transformers' `generate` samples with the same processors and seeds, which runs every row to
+    the end. EOS is made a likely token here, so rows finish at many different steps."""
     from quartet.data import left_pad
+    from quartet.rollout import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "LEAVE_FRACTION", leave)
     from quartet.rollout.sampling import row_seeds
 
     model, tok = load_causal_lm(TINY)
@@ -244,14 +249,18 @@ def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples
         assert (ro.response_ids[i, n:] == tok.pad_token_id).all()
 
 
-@pytest.mark.parametrize("share_weights", [False, True])
-def test_recorded_logprobs_are_the_teacher_forced_forwards(share_weights):
+@pytest.mark.parametrize(("share_weights", "leave"), [(False, 0.125), (True, 0.125), (False, 0.0), (False, 1.0)])
+def test_recorded_logprobs_are_the_teacher_forced_forwards(share_weights, leave, monkeypatch):
     """`record_logprobs`: each sampled token's log-prob and its step's entropy under softmax(logits / T), before
     top-k cuts the distribution, are what the actor's forward over the finished rollout gives (what PPO's old
-    log-probs are), rows that finish early included; 0 on padding. Greedy rows record nothing."""
+    log-probs are), rows that finish early included (whenever finished rows leave the batch); 0 on padding.
+    Greedy rows record nothing."""
     from quartet.algo.logprobs import logprobs_and_entropy
     from quartet.data import left_pad
+    from quartet.rollout import engine as engine_module
     from quartet.trainers.ppo_roles import actor_logprobs
+
+    monkeypatch.setattr(engine_module, "LEAVE_FRACTION", leave)
 
     model, tok = load_causal_lm(TINY)
     gen = GenerationConfig(max_new_tokens=24, batch_size=64, temperature=0.8, top_k=20)

@@ -43,6 +43,10 @@ class GenerationEngine(Protocol):
         `greedy`: the most likely response instead (ReMax's baseline)."""
 
 
+LEAVE_FRACTION = 0.125
+"""finished rows leave a decoding batch together, once they are this share of it (`HFEngine._decode`)"""
+
+
 class HFEngine:
     """Sampling with transformers from a private copy of the actor in `dtype`, or from the actor itself.
 
@@ -183,10 +187,13 @@ class HFEngine:
         """(b, R) new tokens for left-padded prompts `ids` (b, P), pad after each row's EOS; and, when sampling
         with `record_logprobs`, each token's log-prob and its step's entropy (b, R) (else None, None).
 
-        What transformers' `generate` does with a KV cache, but a row that has emitted EOS leaves the batch
-        (its rows of the cache are dropped), so the rows still going do not carry the finished ones: the
+        What transformers' `generate` does with a KV cache, but rows that have emitted EOS leave the batch
+        (their rows of the cache are dropped), so the rows still going do not carry the finished ones: the
         tokens sampled are the same, and a batch costs its answers' lengths, not max_new_tokens for every row
-        (AI-feedback labelling at 64 rows of ~25-token answers, half the decoding steps' rows). `cache`: the
+        (AI-feedback labelling at 64 rows of ~25-token answers, half the decoding steps' rows). Finished rows
+        leave together, once `LEAVE_FRACTION` of the batch has finished: each leaving copies the whole cache, and
+        at every step one row finished it cost more than the finished rows' forwards (a finished row decodes on,
+        its tokens unused, until then). `cache`: the
         KV cache of all prompt tokens but the last (`_shared_prefill`), or None to prefill here. Logits are
         processed in float32, as `generate` does; `processors` None takes the argmax (greedy)."""
         b, R = ids.shape[0], self.cfg.max_new_tokens
@@ -203,26 +210,30 @@ class HFEngine:
         logprobs = torch.zeros(b, R, device=device) if record else None
         entropy = torch.zeros(b, R, device=device) if record else None
         steps = 0
+        done = torch.zeros(b, dtype=torch.bool, device=device)  # rows of the batch that emitted EOS, not yet left
+        finished = 0
         for t in range(R):
             step = self.model(input_ids=feed, attention_mask=mask, position_ids=pos, **{cache_kwarg(self.model): cache},
                               use_cache=True, logits_to_keep=1)
             cache = output_cache(step)
             scores = step.logits[:, -1].float()
             token = (scores if processors is None else processors(feed, scores)).argmax(-1)
-            out[rows, t] = token
+            live = slice(None) if finished == 0 else ~done  # a finished row's new tokens are not its answer's
+            out[rows[live], t] = token[live]
             if record:  # the processors return new scores: these are still the untruncated logits
                 lp, ent = logprobs_and_entropy(scores[:, None], token[:, None], self.cfg.temperature)
-                logprobs[rows, t], entropy[rows, t] = lp[:, 0], ent[:, 0]
+                logprobs[rows[live], t], entropy[rows[live], t] = lp[live, 0], ent[live, 0]
             steps = t + 1
-            going = ~torch.isin(token, eos)
-            if not bool(going.any()):
+            done |= torch.isin(token, eos)
+            finished = int(done.sum())
+            if finished == done.numel():
                 break
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             pos = pos[:, -1:] + 1
-            if not bool(going.all()):
-                keep = going.nonzero().squeeze(1)
+            if finished >= max(1, LEAVE_FRACTION * done.numel()):
+                keep = (~done).nonzero().squeeze(1)
                 cache.batch_select_indices(keep)
-                mask, pos, rows, token = mask[keep], pos[keep], rows[keep], token[keep]
+                mask, pos, rows, token, done, finished = mask[keep], pos[keep], rows[keep], token[keep], done[keep], 0
                 if sampler is not None:
                     sampler.keep(keep.tolist())
             feed = token[:, None]
