@@ -17,7 +17,9 @@ Per seed, read back from what the run wrote (nothing is recomputed):
 - RM: the reward model's held-out accuracy (split by prompt) and its calibration, bin by bin: a bin follows
   Bradley-Terry when the model's predicted accuracy lies in the bin's 95% interval: the rm stage's, with prompts as
   the draws, where calibration.json has one (a prompt's pairs share answers: quartet.eval.calibration), else Wilson's
-  over its pairs; the count by Wilson's interval over the pairs is printed beside it;
+  over its pairs; beside it, the count with a family-wise interval (each of the k bins at 1 - 0.05/k, over its
+  effective pairs: a calibrated model passes every bin with probability >= 0.95, where k bins at 95% each pass
+  together with ~0.95^k) and the count by Wilson's interval over the pairs;
   raw margins, then margins over the rm stage's temperature ("/T": each half of the held-out prompts over the T
   fitted on the other half, so no pair is judged by a T fitted on it);
 - relevance (where the task has an on-task signal): the policy's mean against the baseline's CI: a fall below its lower
@@ -42,6 +44,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from statistics import NormalDist
 
 import yaml
 
@@ -100,22 +103,38 @@ def stage_seconds(out: Path) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^- (\w+): ([\d.]+) s$", part, re.M)}
 
 
-def bins_against_bt(table: list[dict]) -> tuple[list[dict], int, int, int]:
+def bins_against_bt(table: list[dict]) -> tuple[list[dict], int, int, int, int | None]:
     """(bins with their 95% interval, bins whose Bradley-Terry prediction lies inside it, bins with pairs, bins
-    whose prediction lies inside Wilson's interval over the pairs). The interval is the file's (`lo`, `hi`: the rm
-    stage's, with prompts as the draws) where it has one, else Wilson's over the bin's pairs."""
+    whose prediction lies inside Wilson's interval over the pairs, bins whose prediction lies inside the
+    family-wise interval). The interval is the file's (`lo`, `hi`: the rm stage's, with prompts as the draws) where
+    it has one, else Wilson's over the bin's pairs.
+
+    Family-wise: each of the k bins with pairs at 1 - 0.05 / k (Bonferroni), Wilson's over the file's
+    `effective_pairs` (prompts as the draws), so that a calibrated reward model has every bin inside with
+    probability >= 0.95; k bins at 95% each all hold with probability ~0.95^k (0.77 for 5). None where the file
+    has no effective pair counts. Printed beside the 95% count, not in its place: which one the issue's bar means
+    is its owner's call."""
+    used_bins = sum(1 for b in table if int(b["count"]))
+    z_family = NormalDist().inv_cdf(1 - 0.05 / (2 * max(used_bins, 1)))
     bins = []
     for b in table:
         n = int(b["count"])
         if not n:  # an empty bin: no accuracy, nothing to compare
-            bins.append({**b, "lo": None, "hi": None, "follows_bt": False, "follows_bt_wilson": False})
+            bins.append({**b, "lo": None, "hi": None, "follows_bt": False, "follows_bt_wilson": False,
+                         "follows_bt_familywise": False})
             continue
         w_lo, w_hi = wilson_interval(round(b["accuracy"] * n), n)
         lo, hi = (b["lo"], b["hi"]) if b.get("lo") is not None else (w_lo, w_hi)
-        bins.append({**b, "lo": lo, "hi": hi, "wilson": [w_lo, w_hi], "follows_bt": lo <= b["predicted"] <= hi,
-                     "follows_bt_wilson": w_lo <= b["predicted"] <= w_hi})
+        row = {**b, "lo": lo, "hi": hi, "wilson": [w_lo, w_hi], "follows_bt": lo <= b["predicted"] <= hi,
+               "follows_bt_wilson": w_lo <= b["predicted"] <= w_hi}
+        if b.get("effective_pairs"):
+            f_lo, f_hi = wilson_interval(b["accuracy"] * b["effective_pairs"], b["effective_pairs"], z_family)
+            row |= {"familywise": [f_lo, f_hi], "follows_bt_familywise": f_lo <= b["predicted"] <= f_hi}
+        bins.append(row)
     used = [b for b in bins if b["count"]]
-    return bins, sum(b["follows_bt"] for b in used), len(used), sum(b["follows_bt_wilson"] for b in used)
+    family = (sum(b["follows_bt_familywise"] for b in used) if all("familywise" in b for b in used) and used
+              else None)
+    return bins, sum(b["follows_bt"] for b in used), len(used), sum(b["follows_bt_wilson"] for b in used), family
 
 
 def calibration(out: Path) -> dict | None:
@@ -126,13 +145,15 @@ def calibration(out: Path) -> dict | None:
     if not path.is_file():
         return None
     held = json.loads(path.read_text(encoding="utf-8"))["eval"]
-    bins, follow, used, wilson = bins_against_bt(held.get("calibration", []))
+    bins, follow, used, wilson, family = bins_against_bt(held.get("calibration", []))
     result = {"accuracy": held["accuracy"], "bins": bins, "bins_following_bt": follow, "bins_with_pairs": used,
-              "bins_following_bt_wilson": wilson, "temperature": held.get("temperature")}
+              "bins_following_bt_wilson": wilson, "bins_following_bt_familywise": family,
+              "temperature": held.get("temperature")}
     if held.get("calibration_scaled"):
-        bins, follow, used, wilson = bins_against_bt(held["calibration_scaled"])
+        bins, follow, used, wilson, family = bins_against_bt(held["calibration_scaled"])
         result["scaled"] = {"bins": bins, "bins_following_bt": follow, "bins_with_pairs": used,
-                            "bins_following_bt_wilson": wilson, "fold_temperatures": held.get("fold_temperatures")}
+                            "bins_following_bt_wilson": wilson, "bins_following_bt_familywise": family,
+                            "fold_temperatures": held.get("fold_temperatures")}
     return result
 
 
@@ -263,6 +284,12 @@ def table(rows: list[dict]) -> str:
         if scaled:
             line += (f", {sum(sc['bins_following_bt'] == sc['bins_with_pairs'] for sc in scaled)}/{len(scaled)} "
                      f"over the temperature (each half of the held-out prompts over the other half's T)")
+        if all(rm["bins_following_bt_familywise"] is not None for rm in rms):
+            fam = sum(rm["bins_following_bt_familywise"] == rm["bins_with_pairs"] for rm in rms)
+            line += f"; family-wise (each of k bins at 1 - 0.05/k, prompts as the draws): {fam}/{len(rms)} raw"
+            if scaled and all(sc["bins_following_bt_familywise"] is not None for sc in scaled):
+                line += (f", {sum(sc['bins_following_bt_familywise'] == sc['bins_with_pairs'] for sc in scaled)}/"
+                         f"{len(scaled)} over T")
         if any(b.get("wilson") and b["wilson"] != [b["lo"], b["hi"]] for rm in rms for b in rm["bins"]):
             wilson = sum(rm["bins_following_bt_wilson"] == rm["bins_with_pairs"] for rm in rms)
             line += f"; by Wilson's interval, which counts the pairs as independent: {wilson}/{len(rms)} raw"

@@ -138,3 +138,28 @@ def test_the_table_says_what_the_ppo_runs_were_too_short_to_judge(seeds, tmp_pat
                                 "kl_blowup's KL-growth test (objective/kl: 7 of the 10 points it needs)",
                                 "value_loss_stuck (value/loss: 7 of the 15 points it needs)"]
     assert "- too short for the doctor to judge: kl_blowup's KL-growth test" in seeds.table([row])
+
+
+def test_the_family_wise_count_widens_each_bin_by_bonferroni_over_its_effective_pairs(seeds, tmp_path):
+    # two bins, so each at 1 - 0.05 / 2 (z = 2.2414). Bin 0: 0.6 over 50 effective pairs -> Wilson
+    # centre (0.6 + z^2/100) / (1 + z^2/50) = 0.5909, half 2.2414 / 1.1005 * sqrt(0.24/50 + z^2/10000) = 0.1483:
+    # [0.443, 0.739] holds BT's 0.735, which the file's 95% interval [0.47, 0.73] does not. Bin 1: 0.9 over 40 ->
+    # [0.746, 0.965]: 0.99 is outside both
+    run = write_run(tmp_path / "s0", 0.1, [(80, 0.6, 0.735), (60, 0.9, 0.99)])
+    path = run / "rm" / "calibration.json"
+    held = json.loads(path.read_text())
+    held["eval"]["calibration"][0] |= {"lo": 0.47, "hi": 0.73, "effective_pairs": 50.0}
+    held["eval"]["calibration"][1] |= {"lo": 0.80, "hi": 0.96, "effective_pairs": 40.0}
+    path.write_text(json.dumps(held))
+    cal = seeds.calibration(run)
+    assert [[round(x, 3) for x in b["familywise"]] for b in cal["bins"]] == [[0.443, 0.739], [0.746, 0.965]]
+    assert [b["follows_bt"] for b in cal["bins"]] == [False, False]
+    assert [b["follows_bt_familywise"] for b in cal["bins"]] == [True, False]
+    assert (cal["bins_following_bt"], cal["bins_following_bt_familywise"]) == (0, 1)
+    text = seeds.table([seeds.read_seed(0, run, 0.0)])
+    assert "every bin follows Bradley-Terry: 0/1 raw; family-wise (each of k bins at 1 - 0.05/k, prompts as the " \
+           "draws): 0/1 raw" in text
+    # a file without effective pair counts (before the rm stage wrote them) has no family-wise count
+    run = write_run(tmp_path / "s1", 0.1, [(10, 0.6, 0.80)])
+    assert seeds.calibration(run)["bins_following_bt_familywise"] is None
+    assert "family-wise" not in seeds.table([seeds.read_seed(0, run, 0.0)])
