@@ -220,9 +220,9 @@ def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples
     the end. EOS is made a likely token here, so rows finish at many different steps."""
     from quartet.data import left_pad
     from quartet.rollout import engine as engine_module
+    from quartet.rollout.sampling import row_seeds
 
     monkeypatch.setattr(engine_module, "LEAVE_FRACTION", leave)
-    from quartet.rollout.sampling import row_seeds
 
     model, tok = load_causal_lm(TINY)
     engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=24, batch_size=64), dtype=torch.float32)

@@ -191,9 +191,9 @@ class HFEngine:
         (their rows of the cache are dropped), so the rows still going do not carry the finished ones: the
         tokens sampled are the same, and a batch costs its answers' lengths, not max_new_tokens for every row
         (AI-feedback labelling at 64 rows of ~25-token answers, half the decoding steps' rows). Finished rows
-        leave together, once `LEAVE_FRACTION` of the batch has finished: each leaving copies the whole cache, and
-        at every step one row finished it cost more than the finished rows' forwards (a finished row decodes on,
-        its tokens unused, until then). `cache`: the
+        leave together, once they are `LEAVE_FRACTION` of the batch: each leaving copies the whole cache, which at
+        every step where a row finished cost more than the finished rows' forwards while they wait (they decode
+        on, their tokens unused). `cache`: the
         KV cache of all prompt tokens but the last (`_shared_prefill`), or None to prefill here. Logits are
         processed in float32, as `generate` does; `processors` None takes the argmax (greedy)."""
         b, R = ids.shape[0], self.cfg.max_new_tokens
