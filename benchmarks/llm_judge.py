@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from quartet.annotate.agreement import wilson_interval
+from quartet.algo.stats import wilson_interval
 from quartet.config import LabelConfig, LLMJudgeConfig, RewardConfig, from_dict
 from quartet.eval.evaluate import evaluate
 from quartet.eval.stats import bootstrap_ci

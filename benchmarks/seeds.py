@@ -48,7 +48,7 @@ from statistics import NormalDist
 
 import yaml
 
-from quartet.annotate.agreement import wilson_interval
+from quartet.algo.stats import wilson_interval
 from quartet.monitor.doctor import unjudged_run
 
 ROOT = Path(__file__).resolve().parents[1]

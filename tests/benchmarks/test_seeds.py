@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from quartet.annotate.agreement import wilson_interval
+from quartet.algo.stats import wilson_interval
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "seeds.py"
 

@@ -48,11 +48,8 @@ def calibration_table(margins: torch.Tensor, groups: Sequence | None = None) -> 
     finite = torch.isfinite(d)  # a diverged model's NaN / inf margins fall in no bin
     which = torch.bucketize(d.abs(), torch.tensor(BUCKETS[1:-1], dtype=d.dtype), right=True)  # (N,) bin index
     which[~finite] = -1
-    intervals = None
-    if groups is not None:
-        if len(groups) != d.numel():
-            raise ValueError(f"calibration_table: {d.numel()} margins but {len(groups)} groups")
-        intervals = clustered_wilson(correct, which, groups)  # non-finite margins are in bin -1: in none
+    # non-finite margins are in bin -1: in none; clustered_wilson checks that `groups` has one per margin
+    intervals = clustered_wilson(correct, which, groups) if groups is not None else None
     table = []
     for b, (lo, hi) in enumerate(zip(BUCKETS[:-1], BUCKETS[1:])):
         inside = which == b
