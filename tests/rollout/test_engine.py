@@ -171,6 +171,65 @@ def test_k_samples_share_one_prefill_and_match_repeated_prompts():
     assert len({tuple(r.tolist()) for r in shared.response_ids[:3]}) > 1
 
 
+GQA = "tiny:llama?hidden=64&layers=2&heads=4&kv_heads=2&vocab=260&seed=3"
+
+
+@pytest.mark.parametrize("spec", [TINY, GQA])
+def test_k_samples_decode_on_one_copy_of_their_prompt(spec):
+    """K samples per prompt decode on the prompt's keys held once (models/sample_prefix.py): the cache holds P
+    prompts' keys and the rows' own, and the tokens are those of the cache repeated K times. Float32: the two
+    attentions differ by rounding (~1e-6 of a logit), so a draw could differ only where a uniform falls that close
+    to a sampling boundary, ~1e-6 per token here (~10^2 draws)."""
+    model, tok = load_causal_lm(spec)
+    if next(model.parameters()).device.type != "cpu":
+        pytest.skip("CPU only: a GPU decodes on the repeated cache")
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=10, batch_size=12), dtype=torch.float32)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5], [0, 4, 4, 4, 4]])
+    mask = (ids != 0).long()
+    shared = engine.generate(ids, mask, seed=2, num_samples=4)
+    assert engine._prompt_sharing is True
+    with torch.no_grad():
+        layer = engine._shared_prefill(ids, mask, 4).layers[0]
+    assert layer.prompt_keys.shape[:3] == (3, layer.prompt_keys.shape[1], 4)  # 3 prompts x their 4 tokens, once
+    assert layer.keys.shape[0] == 12 and layer.keys.shape[2] == 0  # the 12 rows' own: none yet
+    engine._prompt_sharing = False
+    repeated = engine.generate(ids, mask, seed=2, num_samples=4)
+    assert torch.equal(shared.response_ids, repeated.response_ids)
+
+
+def test_a_wrong_shared_prompt_attention_is_caught_and_not_used(monkeypatch):
+    """The engine's probe compares a few decoding steps on the shared cache with the repeated cache: an attention
+    that forgets the prompt's keys fails it, and the engine decodes on the repeated cache instead."""
+    from quartet.models import sample_prefix
+    from quartet.models.attention import grouped_eager_attention
+
+    def forgets_the_prompt(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        prompt_len = key.quartet_shared_layer.prompt_keys.shape[2]
+        mask = attention_mask[..., prompt_len:] if attention_mask is not None else None
+        return grouped_eager_attention(module, query, key, value, mask, scaling)
+
+    model, tok = load_causal_lm(GQA)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=8, batch_size=12), dtype=torch.float32)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5], [0, 4, 4, 4, 4]])
+    mask = (ids != 0).long()
+    want = engine.generate(ids.repeat_interleave(2, 0), mask.repeat_interleave(2, 0), seed=5).response_ids
+    monkeypatch.setattr(sample_prefix, "shared_prompt_attention", forgets_the_prompt)  # registered when a cache is made
+    got = engine.generate(ids, mask, seed=5, num_samples=2).response_ids
+    assert engine._prompt_sharing is False
+    assert torch.equal(got, want)
+
+
+def test_bf16_k_samples_pass_the_probe():
+    """In bf16 the shared attention's rounding moves logits by about one 8-bit rounding: within the probe's
+    tolerance, so a bf16 engine (the label stage's) decodes on the shared cache."""
+    model, tok = load_causal_lm(GQA)
+    engine = HFEngine(model, tok, GenerationConfig(max_new_tokens=8, batch_size=12), dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5], [0, 4, 4, 4, 4]])
+    ro = engine.generate(ids, (ids != 0).long(), seed=5, num_samples=4)
+    assert engine._prompt_sharing is (next(engine.model.parameters()).device.type == "cpu")
+    assert ro.response_ids.shape[0] == 12
+
+
 def test_each_sample_has_its_own_random_stream():
     """A sample depends on (seed, its global index) only: not on the prompts beside it, the batch split or the
     generate-call size, so N processes with offsets sample what one process samples."""
@@ -233,6 +292,8 @@ def test_finished_rows_leave_the_batch_and_the_samples_are_generates(num_samples
     eos = int(torch.stack([torch.bincount(row, minlength=260).clamp(max=1) for row in free]).sum(0).argmax())
     engine.generation_config.eos_token_id = eos
     ro = engine.generate(ids, mask, seed=3, num_samples=num_samples)
+    if num_samples > 1 and ids.device.type == "cpu":  # the K samples decoded on one copy of their prompt's keys
+        assert engine._prompt_sharing is True
     reps = ids.repeat_interleave(num_samples, 0), mask.repeat_interleave(num_samples, 0)
     processors = engine._sampler(row_seeds(3, 0, len(prompts) * num_samples, None))
     with torch.no_grad():

@@ -70,19 +70,26 @@ def _register_grouped() -> None:
     AttentionMaskInterface.register(GROUPED, eager_mask)  # the additive float mask eager attention reads
 
 
-def _eager_name(backbone: nn.Module) -> str:
-    """The eager kernel for `backbone`: `GROUPED` where its attention layers call transformers' eager function
-    in the Llama form with grouped key/value heads (the same bytecode as Llama's: modular transformers copies
-    it into Mistral, Qwen2, ...), else "eager". Any other eager form (soft-capping, attention sinks, a model
-    of its own) keeps its own function."""
+def llama_form(backbone: nn.Module) -> bool:
+    """Whether `backbone`'s attention layers call transformers' eager function in the Llama form (the same
+    bytecode as Llama's: modular transformers copies it into Mistral, Qwen2, ...), so that any eager function of
+    the same products and softmax computes what the model's own would."""
     from transformers.models.llama.modeling_llama import eager_attention_forward as llama
 
     attn = next((m for m in backbone.modules() if hasattr(m, "num_key_value_groups")), None)
-    if attn is None or attn.num_key_value_groups <= 1:
-        return "eager"
+    if attn is None:
+        return False
     own = getattr(sys.modules.get(type(attn).__module__), "eager_attention_forward", None)
     code, ref = getattr(own, "__code__", None), llama.__code__
-    if code is None or (code.co_code, code.co_names, code.co_consts) != (ref.co_code, ref.co_names, ref.co_consts):
+    return code is not None and (code.co_code, code.co_names, code.co_consts) == (ref.co_code, ref.co_names, ref.co_consts)
+
+
+def _eager_name(backbone: nn.Module) -> str:
+    """The eager kernel for `backbone`: `GROUPED` where its attention layers are in the Llama form (`llama_form`)
+    with grouped key/value heads, else "eager". Any other eager form (soft-capping, attention sinks, a model of
+    its own) keeps its own function."""
+    attn = next((m for m in backbone.modules() if hasattr(m, "num_key_value_groups")), None)
+    if attn is None or attn.num_key_value_groups <= 1 or not llama_form(backbone):
         return "eager"
     _register_grouped()
     return GROUPED
@@ -111,6 +118,12 @@ def _choose_attention(module: nn.Module, args: tuple, kwargs: dict):
     if ids is None:
         ids = kwargs.get("inputs_embeds")
     if not isinstance(ids, torch.Tensor) or ids.device.type != "cpu":
+        return None
+    # a cache that needs its own attention function names it (K samples on one copy of their prompt's keys:
+    # models/sample_prefix.py)
+    needs = getattr(kwargs.get("cache", kwargs.get("past_key_values")), "quartet_attention", None)
+    if needs is not None:
+        module.config._attn_implementation = needs
         return None
     mask = kwargs.get("attention_mask")
     # while decoding, the ids are the new token only and the 2-d mask spans the cached keys too

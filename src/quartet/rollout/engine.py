@@ -11,6 +11,7 @@ no copy between rollouts.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Protocol
 
 import torch
@@ -22,9 +23,12 @@ from quartet.errors import ConfigError
 from quartet.models.attention import fit_attention_to_shape
 from quartet.models.loading import cache_kwarg, contiguous_head_input, no_init, output_cache
 from quartet.models.packed import pack_linears, tie_output
+from quartet.models.sample_prefix import share_prompts, shares_prompts
 from quartet.rollout.record import Rollout, position_ids_from_mask
 from quartet.rollout.sampling import make_rollout, row_seeds
 from quartet.rollout.weights import base_config, merged_state_dict
+
+log = logging.getLogger("quartet")
 
 
 class GenerationEngine(Protocol):
@@ -76,6 +80,7 @@ class HFEngine:
         self.shares_weights = share_weights
         self.record_logprobs = record_logprobs
         self.float64_top_p = float64_top_p
+        self._prompt_sharing: bool | None = None  # decided at the first K-sample call (`_shares_prompts`)
         if share_weights:
             self.model = actor
             contiguous_head_input(actor)
@@ -242,18 +247,82 @@ class HFEngine:
         return out[:, :steps], logprobs[:, :steps], entropy[:, :steps]
 
     def _shared_prefill(self, ids: torch.Tensor, mask: torch.Tensor, k: int):
-        """KV cache of each prompt but its last token, computed once and repeated for its k samples.
+        """KV cache of each prompt but its last token, computed once for its k samples.
 
         `generate` then runs only the last prompt token and the new ones, so K answers per prompt
         (AI-feedback labelling) cost one prefill instead of K; the samples are the same as with the
-        prompts repeated K times and the same seed.
+        prompts repeated K times and the same seed. Where the model allows it (`_shares_prompts`) the k samples
+        also decode on one copy of the prompt's keys and values (models/sample_prefix.py); else the cache is
+        repeated k times.
         """
+        cache = self._prefill(ids, mask)
+        if self._shares_prompts(ids, mask):
+            shared = share_prompts(cache, k)
+            if shared is not None:
+                return shared
+        cache.batch_repeat_interleave(k)
+        return cache
+
+    def _prefill(self, ids: torch.Tensor, mask: torch.Tensor):
         pos = position_ids_from_mask(mask)
         out = self.model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1], position_ids=pos[:, :-1], use_cache=True,
                          logits_to_keep=1)  # only the cache is used: no (B, T, V) logits
-        cache = output_cache(out)
-        cache.batch_repeat_interleave(k)
-        return cache
+        return output_cache(out)
+
+    def _shares_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Whether K samples decode on one copy of their prompt's keys (`models.sample_prefix.shares_prompts` and the probe
+        below agree), decided once per engine."""
+        if self._prompt_sharing is None:
+            self._prompt_sharing = shares_prompts(self.model) and self._probe_prompt_sharing(ids, mask)
+        return self._prompt_sharing
+
+    def _probe_prompt_sharing(self, ids: torch.Tensor, mask: torch.Tensor) -> bool:
+        """Three decoding steps of two samples of (up to) two of these prompts, on a cache from
+        `sample_prefix.share_prompts` and on the repeated cache, the second and third after rows left (the third
+        with the first prompt's rows all gone): the logits agree within rounding (1e-4 of their largest magnitude
+        in float32, 3e-2 in a 16-bit dtype, where every product rounds to 8 bits; a prompt read wrongly, a
+        wrong mask or slot moves them by far more)."""
+        ids, mask = ids[:2], mask[:2]
+        n = ids.shape[0]
+        steps = [torch.arange(2 * n), torch.arange(1, 2 * n), torch.arange(2, 2 * n)]
+        runs = []
+        try:
+            for share in (False, True):
+                cache = self._prefill(ids, mask)
+                if share:
+                    cache = share_prompts(cache, 2)
+                    if cache is None:
+                        return False
+                else:
+                    cache.batch_repeat_interleave(2)
+                m = mask.repeat_interleave(2, 0)
+                pos = position_ids_from_mask(m)[:, -1:]
+                feed = ids[:, -1:].repeat_interleave(2, 0)
+                rows, out = torch.arange(2 * n, device=ids.device), []
+                for t, live in enumerate(steps):
+                    if live.numel() == 0:
+                        break
+                    keep = torch.searchsorted(rows, live.to(rows.device))
+                    if t:
+                        cache.batch_select_indices(keep)
+                        m, pos, feed, rows = m[keep], pos[keep], feed[keep], rows[keep]
+                    step = self.model(input_ids=feed, attention_mask=m, position_ids=pos,
+                                      **{cache_kwarg(self.model): cache}, use_cache=True, logits_to_keep=1)
+                    cache = output_cache(step)
+                    out.append(step.logits[:, -1].float())
+                    feed = (rows[:, None] * 7 + 3 + t) % step.logits.shape[-1]  # fixed tokens, the same both runs
+                    m = torch.cat([m, m.new_ones(m.shape[0], 1)], dim=1)
+                    pos = pos + 1
+                runs.append(torch.cat(out))
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
+            log.info("k samples on one copy of their prompt: probe failed (%s: %s); not used", type(e).__name__, e)
+            return False
+        want, got = runs
+        tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 and not torch.is_autocast_enabled() else 3e-2
+        ok = want.shape == got.shape and bool((want - got).abs().max() <= tol * want.abs().max().clamp(min=1e-6))
+        if not ok:
+            log.info("k samples on one copy of their prompt: the probe's logits differ; not used")
+        return ok
 
 
 class PerRowInverseCDF:
