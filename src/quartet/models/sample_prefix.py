@@ -15,9 +15,12 @@ a prompt's K rows against its keys in one product per prompt, then the row's sco
 softmax over the two (with the mask transformers builds for the whole row, prompt padding included), and the
 weighted sum of each part's values. It is eager attention over the same keys; the output differs by rounding only
 (the two parts' weighted sums round before they are added, where one product over all keys rounds once). In
-float32 that moves a logit by ~1e-6 of its size, and the same seeds draw the same tokens unless a uniform falls that
-close to a boundary of the inverse CDF; in bf16 a logit moves by about one of its 8-bit roundings (~0.1 at
-SmolLM2's logits), and most answers at temperature 1 differ from some token on: other draws of the same sampler.
+float32 that moves a log-prob by ~1e-5 at most (the next-token distributions ~3e-6 apart in total variation), and
+the same seeds draw the same tokens except where a uniform falls among tokens narrower than that (the vocabulary's
+long tail: algo/sampling.py): 17 of SmolLM2's 384 label answers took another token from some step on. In bf16 a
+logit moves by about one of its 8-bit roundings (~0.1 at SmolLM2's logits), and most answers at temperature 1
+differ from some token on; each cache's distributions are as close to float32's as the other's
+(`benchmarks/k_samples.py`): other draws of the same sampler.
 
 Rows leave the batch as they finish (`batch_select_indices`): each row keeps its slot (prompt x K + sample), a
 prompt all of whose rows have left is dropped, and the queries of the rows still decoding are placed in their
