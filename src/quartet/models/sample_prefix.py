@@ -8,9 +8,9 @@ with AVX-512 BF16, SmolLM2-135M in bf16, 2 threads: one layer's attention step a
 prompt tokens took 2-14 ms, against 0.7-1.6 ms with the prompt's keys held once and read by its K samples' queries
 together; the demo's label batches (48 x 8 answers, `benchmarks/k_samples.py`) 11.0 -> 9.1 s each.
 
-`share_prompts` makes the prefill's cache (a transformers `DynamicCache`) one whose layers (`SharedPromptLayer`) hold, per layer, the
-prompt's keys and values once, (P, Hkv, Lp, D), and each row's own keys and values (those of the tokens decoded
-after the prefill), (B, Hkv, Ls, D). `shared_prompt_attention` computes a row's attention over both: the scores of
+`share_prompts` makes the prefill's cache (a transformers `DynamicCache`) one whose layers (`SharedPromptLayer`)
+hold the prompt's keys and values once, (P, Hkv, Lp, D), and each row's own keys and values (those of the tokens
+decoded after the prefill), (B, Hkv, Ls, D). `shared_prompt_attention` computes a row's attention over both: the scores of
 a prompt's K rows against its keys in one product per prompt, then the row's scores against its own keys, one
 softmax over the two (with the mask transformers builds for the whole row, prompt padding included), and the
 weighted sum of each part's values. It is eager attention over the same keys; the output differs by rounding only
@@ -35,16 +35,11 @@ the engine checks once per model that a decoding step's logits are those of the 
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from quartet.models.attention import llama_form
-
-log = logging.getLogger("quartet")
-
-SharedPromptLayer = None  # the class, made by `_layer_class`
 
 NAME = "quartet_shared_prompt"
 """the name `shared_prompt_attention` is registered under in transformers' attention and mask interfaces"""
@@ -94,18 +89,7 @@ def _from_groups(x: torch.Tensor, k: int, slots: torch.Tensor | None) -> torch.T
     return x if slots is None else x[slots]
 
 
-def _layer_class():
-    """`SharedPromptLayer`, made on first use: it subclasses transformers' DynamicLayer (the cache checks its
-    layers' type), and importing transformers here at import time would cost every `import quartet.models`."""
-    global SharedPromptLayer
-    if SharedPromptLayer is None:
-        from transformers.cache_utils import DynamicLayer
-
-        SharedPromptLayer = type("SharedPromptLayer", (_SharedPromptLayer, DynamicLayer), {})
-    return SharedPromptLayer
-
-
-class _SharedPromptLayer:
+class SharedPromptLayer(DynamicLayer):
     """One layer's cache: the prompts' keys and values once, (P, Hkv, Lp, D), and the rows' own, (B, Hkv, Ls, D).
     Built by `share_prompts` from a prefill's layer; transformers calls `update` with each step's new keys."""
 
@@ -160,14 +144,11 @@ def share_prompts(cache, samples: int):
     """The prefill's cache `cache` (a transformers DynamicCache of P prompts) made a cache of its P x `samples`
     rows that holds each prompt's keys once (`SharedPromptLayer`), or None where its layers are not plain
     dynamic layers (sliding windows, quantised, linear attention)."""
-    from transformers.cache_utils import DynamicCache, DynamicLayer
-
     if not isinstance(cache, DynamicCache) or not cache.layers:
         return None
     if any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in cache.layers):
         return None
-    layer_class = _layer_class()
-    cache.layers = [layer_class(layer.keys, layer.values, samples) for layer in cache.layers]
+    cache.layers = [SharedPromptLayer(layer.keys, layer.values, samples) for layer in cache.layers]
     _register()
     cache.quartet_attention = NAME  # the attention function `fit_attention_to_shape`'s hook picks for it
     return cache

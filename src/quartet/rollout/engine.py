@@ -270,8 +270,8 @@ class HFEngine:
         return output_cache(out)
 
     def _shares_prompts(self, ids: torch.Tensor, mask: torch.Tensor) -> bool:
-        """Whether K samples decode on one copy of their prompt's keys (`models.sample_prefix.shares_prompts` and the probe
-        below agree), decided once per engine."""
+        """Whether K samples decode on one copy of their prompt's keys (`models.sample_prefix.shares_prompts` and
+        the probe below agree), decided once per engine."""
         if self._prompt_sharing is None:
             self._prompt_sharing = shares_prompts(self.model) and self._probe_prompt_sharing(ids, mask)
         return self._prompt_sharing
@@ -318,7 +318,7 @@ class HFEngine:
             log.info("k samples on one copy of their prompt: probe failed (%s: %s); not used", type(e).__name__, e)
             return False
         want, got = runs
-        tol = 1e-4 if next(self.model.parameters()).dtype == torch.float32 and not torch.is_autocast_enabled() else 3e-2
+        tol = 1e-4 if self.dtype == torch.float32 else 3e-2  # the dtype it samples in (autocast's, sharing weights)
         ok = want.shape == got.shape and bool((want - got).abs().max() <= tol * want.abs().max().clamp(min=1e-6))
         if not ok:
             log.info("k samples on one copy of their prompt: the probe's logits differ; not used")
