@@ -32,7 +32,8 @@ def inverse_cdf(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Index i is drawn with probability probs[i] / sum(probs); an index of weight 0 is never drawn, whatever the
     rounding."""
     b, V = probs.shape
-    blocks = (torch.nn.functional.pad(probs, (0, -V % BLOCK)) if V % BLOCK else probs).view(b, -1, BLOCK)  # (b, n, BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, -V % BLOCK)) if V % BLOCK else probs
+    blocks = padded.view(b, -1, BLOCK)  # (b, n, BLOCK)
     block_cdf = blocks.sum(-1).double().cumsum(-1)  # (b, n): each block's sum in the weights' own dtype
     target = u.double() * block_cdf[:, -1]
     block = _first_above(block_cdf, target)

@@ -10,9 +10,9 @@ together; the demo's label batches (48 x 8 answers, `benchmarks/k_samples.py`) 1
 
 `share_prompts` makes the prefill's cache (a transformers `DynamicCache`) one whose layers (`SharedPromptLayer`)
 hold the prompt's keys and values once, (P, Hkv, Lp, D), and each row's own keys and values (those of the tokens
-decoded after the prefill), (B, Hkv, Ls, D). `shared_prompt_attention` computes a row's attention over both: the scores of
-a prompt's K rows against its keys in one product per prompt, then the row's scores against its own keys, one
-softmax over the two (with the mask transformers builds for the whole row, prompt padding included), and the
+decoded after the prefill), (B, Hkv, Ls, D). `shared_prompt_attention` computes a row's attention over both: the
+scores of a prompt's K rows against its keys in one product per prompt, then the row's scores against its own keys,
+one softmax over the two (with the mask transformers builds for the whole row, prompt padding included), and the
 weighted sum of each part's values. It is eager attention over the same keys; the output differs by rounding only
 (the two parts' weighted sums round before they are added, where one product over all keys rounds once). In
 float32 that moves a log-prob by ~1e-5 at most (the next-token distributions ~3e-6 apart in total variation), and
