@@ -9,7 +9,8 @@ their prompt's keys and values (models/sample_prefix.py) and once on transformer
 alternating batch by batch after a warm-up of each. Prints seconds per batch for each, and how many answers came
 out token for token the same (the two differ by rounding only: a draw can flip where rounding moves a logit
 across a sampling boundary, and the rest of that answer then differs). Then how far each is from float32: the
-next-token distributions of 16 prompts x 4 samples over 6 decoding steps (fixed tokens fed), KL(float32 on the
+next-token distributions of 16 prompts x 4 samples over 6 decoding steps (fixed tokens fed: the engine's probe,
+`HFEngine._forced_steps`), KL(float32 on the
 repeated cache || the engine's dtype on either cache) per token; the shared cache should be as close as the
 repeated one. Run alone: it prints the threads it used.
 """
@@ -77,42 +78,12 @@ def main() -> None:
     if engine.dtype != torch.float32:
         ids, mask = left_pad(enc.input_ids[:16], tok.pad_token_id)
         ref = HFEngine(model, tok, gen, torch.float32)
-        exact = _next_token_logprobs(ref, ids, mask, share=False)
+        steps = [torch.arange(ids.shape[0] * 4)] * 6  # 4 samples of each prompt, 6 steps of fixed tokens
+        exact = ref._forced_steps(ids, mask, 4, False, steps).log_softmax(-1)
         for share, name in ((False, "cache repeated K times"), (True, "prompt keys held once")):
-            got = _next_token_logprobs(engine, ids, mask, share=share)
+            got = engine._forced_steps(ids, mask, 4, share, steps).log_softmax(-1)
             kl = (exact.exp() * (exact - got)).sum(-1).mean()
             print(f"  {name:24s} KL(float32 || {dtype}) {float(kl):.2e} nats per token")
-
-
-def _next_token_logprobs(engine, ids, mask, share: bool, k: int = 4, steps: int = 6):
-    """(steps, rows, V) log-softmax of `engine`'s decoding steps for k samples of each prompt, the same fixed tokens
-    fed after the prompt on every call, on the shared or the repeated cache."""
-    import torch
-
-    from quartet.models.loading import cache_kwarg, output_cache
-    from quartet.models.sample_prefix import share_prompts
-    from quartet.rollout.record import position_ids_from_mask
-
-    g = torch.Generator().manual_seed(0)
-    feeds = [ids[:, -1:].repeat_interleave(k, 0)] + [
-        torch.randint(100, 20000, (ids.shape[0] * k, 1), generator=g) for _ in range(steps - 1)]
-    out = []
-    with torch.no_grad():
-        cache = engine._prefill(ids, mask)
-        if share:
-            cache = share_prompts(cache, k)
-        else:
-            cache.batch_repeat_interleave(k)
-        m = mask.repeat_interleave(k, 0)
-        pos = position_ids_from_mask(m)[:, -1:]
-        for feed in feeds:
-            step = engine.model(input_ids=feed, attention_mask=m, position_ids=pos,
-                                **{cache_kwarg(engine.model): cache}, use_cache=True, logits_to_keep=1)
-            cache = output_cache(step)
-            out.append(torch.log_softmax(step.logits[:, -1].float(), -1))
-            m = torch.cat([m, m.new_ones(m.shape[0], 1)], 1)
-            pos = pos + 1
-    return torch.stack(out)
 
 
 if __name__ == "__main__":

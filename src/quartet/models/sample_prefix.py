@@ -40,6 +40,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from quartet.models.attention import llama_form
+from quartet.models.loading import base_model_of
 
 NAME = "quartet_shared_prompt"
 """the name `shared_prompt_attention` is registered under in transformers' attention and mask interfaces"""
@@ -165,7 +166,7 @@ def _register() -> None:
 def shares_prompts(model: nn.Module) -> bool:
     """Whether `model`'s decoding can run on a cache from `share_prompts`: on CPU, with `fit_attention_to_shape`'s hook
     (it picks `shared_prompt_attention` for such a cache) over attention layers in the Llama form."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model_of(model)
     backbone = getattr(base, "base_model", base)
     weight = next(model.parameters(), None)
     if weight is None or weight.device.type != "cpu":
