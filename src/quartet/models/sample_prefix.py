@@ -29,7 +29,7 @@ slots for the prompt products.
 Used only where `shares_prompts(model)`: a transformers model on CPU with Quartet's per-shape attention choice
 (`models.attention.fit_attention_to_shape`, which switches to this function when the forward is handed such a
 cache) and attention layers in the Llama form (every model whose eager attention is Llama's function); and
-the engine checks once per model that a decoding step's logits are those of the repeated cache
+the engine checks once per model that decoding steps give the repeated cache's next-token distributions
 (`quartet.rollout.engine.HFEngine`).
 """
 
