@@ -101,4 +101,4 @@ def test_the_demo_sets_what_it_was_measured_with():
     assert (ppo.optim.lr, ppo.optim.adam_eps, ppo.critic, ppo.minibatch_size, ppo.micro_batch_size) == (
         5e-4, 1e-8, "shared", 8, 8)
     assert (ppo.save_every, ppo.best_metric) == (8, "objective/score")
-    assert (cfg.sft.optim.lr, cfg.rm.optim.lr, cfg.dpo.optim.lr) == (2e-4, 1e-4, 2e-4)
+    assert (cfg.sft.optim.lr, cfg.rm.optim.lr, cfg.dpo.optim.lr) == (2e-4, 5e-5, 2e-4)
