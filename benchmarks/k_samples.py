@@ -35,6 +35,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
+    from quartet.algo import full_kl
     from quartet.config import DataConfig, GenerationConfig
     from quartet.data import encode_prompts, left_pad, load_prompts
     from quartet.models import load_causal_lm
@@ -82,7 +83,7 @@ def main() -> None:
         exact = ref._forced_steps(ids, mask, 4, False, steps).log_softmax(-1)
         for share, name in ((False, "cache repeated K times"), (True, "prompt keys held once")):
             got = engine._forced_steps(ids, mask, 4, share, steps).log_softmax(-1)
-            kl = (exact.exp() * (exact - got)).sum(-1).mean()
+            kl = full_kl(exact, got).mean()
             print(f"  {name:24s} KL(float32 || {dtype}) {float(kl):.2e} nats per token")
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from quartet.algo import clipped_policy_loss, kl_estimate, token_rewards
+from quartet.algo import clipped_policy_loss, full_kl, kl_estimate, token_rewards
 
 
 @pytest.mark.parametrize(
@@ -57,6 +57,17 @@ def test_kl_estimators_closed_forms():
     assert (kl_estimate(logp, ref, "k3") >= 0).all()
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl_estimate(logp, ref, "k4")
+
+
+def test_full_kl_hand_worked():
+    # p = (0.5, 0.5), q = (0.25, 0.75): KL(p || q) = 0.5 ln 2 + 0.5 ln(2/3) = 0.5 ln(4/3) = 0.143841...; a
+    # distribution against itself is 0; batch dimensions are kept, the vocabulary summed over
+    p = torch.tensor([0.5, 0.5]).log()
+    q = torch.tensor([0.25, 0.75]).log()
+    assert full_kl(p, q).item() == pytest.approx(0.5 * math.log(4 / 3), abs=1e-7)
+    assert full_kl(q, q).item() == pytest.approx(0.0, abs=1e-7)
+    batch = full_kl(torch.stack([p, q])[None], torch.stack([q, q])[None])
+    assert batch.shape == (1, 2) and batch[0, 1].item() == pytest.approx(0.0, abs=1e-7)
 
 
 def test_kl_estimators_are_unbiased_or_not_as_documented():

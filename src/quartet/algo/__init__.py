@@ -18,7 +18,7 @@ from quartet.algo.advantages import (
     returns_to_go,
 )
 from quartet.algo.estimators import ESTIMATORS, SCALABLE, AdvantageEstimator, get_estimator
-from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, kl_estimate, token_rewards
+from quartet.algo.kl import KL_KINDS, AdaptiveKL, FixedKL, full_kl, kl_estimate, token_rewards
 from quartet.algo.logprobs import entropy_from_logits, gather_logprobs, logprobs_and_entropy
 from quartet.algo.losses import (
     AGGREGATIONS,
@@ -74,6 +74,7 @@ __all__ = [
     "explained_variance",
     "fill_groups",
     "flat_groups",
+    "full_kl",
     "gae",
     "gather_logprobs",
     "kept_rows_scale",

@@ -27,6 +27,13 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = 
     raise ValueError(f"unknown KL estimator {kind!r}; expected one of {', '.join(KL_KINDS)}")
 
 
+def full_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) = sum_v p(v) (log p(v) - log q(v)) over the last dimension, from log-probabilities (..., V) of the
+    same vocabulary: the exact KL of two next-token distributions, where `kl_estimate` estimates it from sampled
+    tokens. Returns (...)."""
+    return (logprobs.exp() * (logprobs - ref_logprobs)).sum(-1)
+
+
 def token_rewards(
     scores: torch.Tensor,
     logprobs: torch.Tensor,

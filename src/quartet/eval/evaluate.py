@@ -76,7 +76,7 @@ from pathlib import Path
 
 import torch
 
-from quartet.algo import gather_logprobs
+from quartet.algo import full_kl, gather_logprobs
 from quartet.atomic import atomic_write_text
 from quartet.config import DataConfig, EvalConfig, GenerationConfig, LLMJudgeConfig, from_dict
 from quartet.data import encode_prompts, left_pad, load_prompts, prompt_text, render_conversation
@@ -435,7 +435,7 @@ def sequence_logprobs(
         logp, ref_logp = logits.log_softmax(-1), ref_logits.log_softmax(-1)
         out[0, rows, :r] = gather_logprobs(logits, mb.response_ids).cpu()
         out[1, rows, :r] = gather_logprobs(ref_logits, mb.response_ids).cpu()
-        out[2, rows, :r] = (logp.exp() * (logp - ref_logp)).sum(-1).cpu()
+        out[2, rows, :r] = full_kl(logp, ref_logp).cpu()
     mask = response_mask.float()
     return out[0] * mask, out[1] * mask, out[2] * mask
 

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 import transformers
 
+from quartet.algo.kl import full_kl
 from quartet.algo.logprobs import logprobs_and_entropy
 from quartet.algo.sampling import inverse_cdf, nucleus
 from quartet.errors import ConfigError
@@ -298,9 +299,9 @@ class HFEngine:
         ok = want.shape == got.shape
         if ok:
             want, got = want.double().log_softmax(-1), got.double().log_softmax(-1)
-            ok = float((want.exp() * (want - got)).sum(-1).mean()) <= tol
+            ok = float(full_kl(want, got).mean()) <= tol
         if not ok:
-            log.info("k samples on one copy of their prompt: the probe's logits differ; not used")
+            log.info("k samples on one copy of their prompt: the probe's next-token distributions differ; not used")
         return ok
 
     @torch.no_grad()

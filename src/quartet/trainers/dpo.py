@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from quartet.algo import gather_logprobs, preference_loss
+from quartet.algo import full_kl, gather_logprobs, preference_loss
 from quartet.atomic import atomic_write_text
 from quartet.config import DPOConfig, load_config, save_config, validate
 from quartet.data import (
@@ -330,7 +330,7 @@ def _sample_kl(policy, reference, probe, cfg: DPOConfig, tok) -> float:
     ref_logits = reference.logits(input_ids, attention_mask, positions)
     logp = (logits[:, -R - 1 : -1].float() / gen.temperature).log_softmax(-1)  # (B, R, V)
     ref_logp = (ref_logits[:, -R - 1 : -1].float() / gen.temperature).log_softmax(-1)
-    kl = (logp.exp() * (logp - ref_logp)).sum(-1)  # (B, R)
+    kl = full_kl(logp, ref_logp)  # (B, R)
     return float((kl * response_mask).sum(-1).mean())
 
 
