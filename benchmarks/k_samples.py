@@ -10,9 +10,8 @@ alternating batch by batch after a warm-up of each. Prints seconds per batch for
 out token for token the same (the two differ by rounding only: a draw can flip where rounding moves a logit
 across a sampling boundary, and the rest of that answer then differs). Then how far each is from float32: the
 next-token distributions of 16 prompts x 4 samples over 6 decoding steps (fixed tokens fed: the engine's probe,
-`HFEngine._forced_steps`), KL(float32 on the
-repeated cache || the engine's dtype on either cache) per token; the shared cache should be as close as the
-repeated one. Run alone: it prints the threads it used.
+`HFEngine._forced_steps`), KL(float32 on the repeated cache || the engine's dtype on either cache) per token; the
+shared cache should be as close as the repeated one. Run alone: it prints the threads it used.
 """
 
 from __future__ import annotations
